@@ -1,0 +1,99 @@
+"""Which kernel family runs a softmax of M rows of N elements, and with which config.
+
+The decision reads top to bottom; the first rule whose condition holds wins. Thresholds are
+named constants here and nowhere else. A decision is made once per (impl, M, N, dtypes,
+device) and cached, so a warm call costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .config import LaunchConfig, next_power_of_2
+from .device import DeviceInfo, device_info
+from .kernels import FAMILY_NAMES, family
+
+IMPLS = ("auto",) + FAMILY_NAMES
+
+# A fused row lives in registers (fp32, whatever the input dtype). Leaving room for this many
+# programs per SM keeps enough loads in flight; with 64K registers per SM it allows rows up to
+# 16384 elements. Set from the first H200 run (bench/NOTES.md): fused beats online up to 16K.
+FUSED_PROGRAMS_PER_SM = 4
+
+
+def fused_capacity(device: DeviceInfo) -> int:
+    """Longest row (power of two, elements) that the fused family keeps on chip on ``device``."""
+    cap = max(1, device.regs_per_sm // FUSED_PROGRAMS_PER_SM)
+    return 1 << (cap.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the rules look at: row count, row length, input dtype and the device."""
+
+    M: int
+    N: int
+    dtype: torch.dtype
+    device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Rule:
+    impl: str
+    why: str
+    holds: Callable[[Shape], bool]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("fused", "the whole row fits in registers",
+         lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
+    Rule("online", "longer rows: one (max, sum) pass and one write pass, two reads per element",
+         lambda s: True),
+)
+
+
+def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo) -> Rule:
+    """The first rule of :data:`RULES` that holds for this shape."""
+    shape = Shape(M, N, dtype, device)
+    for rule in RULES:
+        if rule.holds(shape):
+            return rule
+    raise AssertionError("the last rule always holds")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A decided launch: the family and either an explicit config or None (autotune)."""
+
+    impl: str
+    family: object
+    config: LaunchConfig | None
+    device: DeviceInfo
+
+
+_plans: dict[tuple, Plan] = {}
+
+
+def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
+         device: torch.device) -> Plan:
+    """The cached launch plan for one call shape (``impl`` already validated)."""
+    key = (impl, M, N, dtype, out_dtype, device)
+    p = _plans.get(key)
+    if p is None:
+        info = device_info(device)
+        name = choose(M, N, dtype, info).impl if impl == "auto" else impl
+        if name == "fused":
+            from .kernels.fused import check_row_length
+
+            check_row_length(N)
+        p = Plan(name, family(name), None, info)
+        _plans[key] = p
+    return p
+
+
+def clear_cache() -> None:
+    """Forget every cached decision (after the tuning cache changed, for instance)."""
+    _plans.clear()

@@ -1,0 +1,151 @@
+"""What every kernel family shares: row addressing, the autotuner factory and the launcher.
+
+A family module defines its ``@triton.jit`` kernel(s) with the common signature::
+
+    kernel(x_ptr, y_ptr, M, N, INNER,
+           stride_x_outer, stride_x_inner, stride_x_col,
+           stride_y_outer, stride_y_inner, stride_y_col,
+           N_BUCKET, M_BUCKET, <constexpr meta>)
+
+and a :class:`Family` that names it, lists its search space and its heuristic config, and
+computes its grid. :func:`launch` is the one place a kernel is started.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import LaunchConfig, m_bucket, n_bucket
+from ..device import DeviceInfo, device_info, interpreter_active
+from ..layout import RowProblem
+
+
+@triton.jit
+def row_offsets(rows, INNER, stride_outer, stride_inner):
+    """64-bit element offsets of rows ``rows``: (rows // INNER) * stride_outer + (rows % INNER) * stride_inner.
+
+    INNER == 1 (the common last-dim case) is specialised by Triton, so the division folds away.
+    """
+    outer = (rows // INNER).to(tl.int64)
+    inner = (rows % INNER).to(tl.int64)
+    return outer * stride_outer + inner * stride_inner
+
+
+KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
+
+
+def _interpreter_bench(kernel_call, quantiles=None):
+    """Wall-clock timing for the interpreter (no driver to time with); quantiles all equal."""
+    start = time.perf_counter()
+    kernel_call()
+    ms = (time.perf_counter() - start) * 1e3
+    return [ms] * len(quantiles) if quantiles else ms
+
+
+def _gpu_bench(kernel_call, quantiles=None):
+    """Short-budget ``do_bench`` for autotuning: enough to rank configs of a memory-bound kernel."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+
+@dataclass
+class Family:
+    """A kernel family: its raw kernel, search space, heuristic and grid.
+
+    configs(device, M, N) -> every config worth trying for that shape on that device.
+    heuristic(device, M, N) -> the config used without tuning (the interpreter's only config).
+    grid(M, N, meta) -> launch grid for a config's meta-parameters.
+    """
+
+    name: str
+    kernel: object
+    configs: Callable[[DeviceInfo, int, int], list[LaunchConfig]]
+    heuristic: Callable[[DeviceInfo, int, int], LaunchConfig]
+    grid: Callable[[int, int, dict], tuple[int, ...]]
+    _autotuned: dict = field(default_factory=dict)
+
+    def autotuned(self, device: DeviceInfo):
+        """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
+        tuner = self._autotuned.get(device)
+        if tuner is None:
+            tuner = self._make_autotuner(device)
+            self._autotuned[device] = tuner
+        return tuner
+
+    def _make_autotuner(self, device: DeviceInfo):
+        def prune(configs, named_args, **kwargs):
+            M, N = named_args["M"], named_args["N"]
+            if interpreter_active():
+                return [self.heuristic(device, M, N).to_triton()]
+            wanted = set(self.configs(device, M, N))
+            kept = [c for c in configs if LaunchConfig.from_triton(c) in wanted]
+            return kept or [self.heuristic(device, M, N).to_triton()]
+
+        # The superset over every bucket; `prune` keeps those valid for the shape at hand.
+        space: list[LaunchConfig] = []
+        for n in (2**k for k in range(0, 24)):
+            for m in (1, 4096):
+                for c in self.configs(device, m, n):
+                    if c not in space:
+                        space.append(c)
+        triton_configs = [c.to_triton() for c in space]
+        bench = _interpreter_bench if interpreter_active() else _gpu_bench
+        return triton.autotune(configs=triton_configs, key=KEY, prune_configs_by={"early_config_prune": prune},
+                               do_bench=bench)(self.kernel)
+
+
+def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem,
+           config: LaunchConfig | None = None, device: DeviceInfo | None = None) -> LaunchConfig | None:
+    """Run ``family`` on ``problem``: exactly ``config`` if given, else its autotuned kernel.
+
+    ``x`` and ``y`` are tensors whose data pointers the problem's strides address.
+    Returns the config used when it was given explicitly (None when autotuned).
+    """
+    args = (x, y, *problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
+    if config is not None:
+        kwargs = config.launch_kwargs()
+        family.kernel[family.grid(problem.M, problem.N, kwargs)](*args, **kwargs)
+        return config
+    tuner = family.autotuned(device or device_info(x.device))
+    tuner[lambda meta: family.grid(problem.M, problem.N, meta)](*args)
+    return None
+
+
+def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 4,
+                 max_per_thread: int = 32) -> list[int]:
+    """num_warps values that give each thread between min and max elements of a program's tile."""
+    out = []
+    for nw in (1, 2, 4, 8, 16):
+        threads = nw * device.warp_size
+        if threads > device.max_threads_per_program:
+            break
+        per_thread = elements / threads
+        if per_thread > max_per_thread or (per_thread < min_per_thread and nw > 1):
+            continue
+        out.append(nw)
+    return out or [min(16, device.max_threads_per_program // device.warp_size)]
+
+
+def heuristic_warps(device: DeviceInfo, elements: int, per_thread: int = 16) -> int:
+    """One num_warps for a tile of ``elements``: about ``per_thread`` elements a thread, 1..16 warps."""
+    nw = 1
+    while nw < 16 and nw * 2 * device.warp_size <= device.max_threads_per_program \
+            and elements > per_thread * nw * device.warp_size:
+        nw *= 2
+    return nw
+
+
+def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> list[LaunchConfig]:
+    """Add AMD's ``waves_per_eu`` variants on HIP; CUDA configs carry no backend options."""
+    if not device.is_hip:
+        return configs
+    out = list(configs)
+    for c in configs:
+        for waves in (1, 2):
+            out.append(LaunchConfig(c.meta, c.num_warps, c.num_stages, (("waves_per_eu", waves),)))
+    return out

@@ -1,0 +1,89 @@
+"""Tile family: three passes over tiles of a row (max, sum, write), the second in reverse order."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import LaunchConfig, next_power_of_2
+from ..device import DeviceInfo
+from ..layout import matrix_problem
+from . import _common
+from ._common import Family, row_offsets
+
+IMPL = "tile"
+BLOCKS = (1024, 2048, 4096, 8192)
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_tile_fwd_kernel(
+    x_ptr, y_ptr, M, N, INNER,
+    stride_x_outer, stride_x_inner, stride_x_col,
+    stride_y_outer, stride_y_inner, stride_y_col,
+    N_BUCKET, M_BUCKET,
+    BLOCK: tl.constexpr,
+):
+    """Softmax of one row per program in three passes over BLOCK-wide tiles.
+
+    x_ptr, y_ptr, M, N, INNER, stride_*: as in the fused kernel (rows addressed by row_offsets,
+    elements stride_*_col apart). N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width.
+    Pass 1 keeps m_vec, the lane-wise max over the tiles seen; m = max(m_vec) is the row max.
+    Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
+    keeps s_vec, the lane-wise sum of exp(x - m). Pass 3 writes exp(x - m) / s, first tile first
+    (the first tiles are the ones pass 2 left in cache).
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
+    y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
+    offs = tl.arange(0, BLOCK)
+    num_tiles = tl.cdiv(N, BLOCK)
+
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    for t in range(0, num_tiles):
+        cols = t * BLOCK + offs
+        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
+        m_vec = tl.maximum(m_vec, x)
+    m = tl.max(m_vec, axis=0)
+
+    s_vec = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, num_tiles):
+        cols = (num_tiles - 1 - t) * BLOCK + offs
+        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
+        s_vec += tl.exp(x - m)
+    inv = 1.0 / tl.sum(s_vec, axis=0)
+
+    for t in range(0, num_tiles):
+        cols = t * BLOCK + offs
+        mask = cols < N
+        x = tl.load(x_row + cols * stride_x_col, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp(x - m) * inv
+        tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+    out = []
+    for block in BLOCKS:
+        if block > max(BLOCKS[0], next_power_of_2(N)):
+            break
+        for nw in _common.warp_choices(device, block):
+            for stages in (1, 2):
+                out.append(LaunchConfig.make(nw, stages, BLOCK=block))
+    return _common.with_backend_options(device, out)
+
+
+def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    block = min(4096, max(BLOCKS[0], next_power_of_2(N)))
+    return LaunchConfig.make(_common.heuristic_warps(device, block), BLOCK=block)
+
+
+def _grid(M: int, N: int, meta: dict) -> tuple[int]:
+    return (M,)
+
+
+FAMILY = Family(IMPL, _softmax_tile_fwd_kernel, _configs, _heuristic, _grid)
+
+
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig | None:
+    """Softmax over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides); ``config`` skips autotuning."""
+    return _common.launch(FAMILY, x2d, out2d, matrix_problem(x2d, out2d), config)
