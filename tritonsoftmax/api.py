@@ -6,7 +6,6 @@ import torch
 
 from . import dispatch, layout
 from .device import interpreter_active
-from .kernels._common import launch
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -81,4 +80,4 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
 
 def _run(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str) -> None:
     p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device)
-    launch(p.family, x, y, problem, p.config, p.device)
+    p.family.run(x, y, problem, p.config, p.device)

@@ -7,11 +7,18 @@ autotuner, the tuning cache (YAML), a test or a benchmark.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 _LAUNCH_OPTIONS = ("num_warps", "num_stages")
 BACKEND_OPTIONS = ("waves_per_eu",)  # AMD-only launch options; never emitted for CUDA
+
+
+def autotune_enabled() -> bool:
+    """False when ``TRITONSOFTMAX_AUTOTUNE=0``: a launch without a config then uses the family's
+    heuristic config instead of benchmarking every candidate on first use."""
+    return os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1") not in ("0", "")
 
 
 def next_power_of_2(n: int) -> int:

@@ -80,7 +80,7 @@ INTERPRETER = DeviceInfo(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)
     if torch.version.hip is not None:

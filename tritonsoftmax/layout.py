@@ -52,7 +52,7 @@ def _row_strides(t: torch.Tensor, dim: int, inner: int) -> RowStrides | None:
     strides = [st for i, st in enumerate(t.stride()) if i != dim]
     # Collapse the non-softmax dims into groups of equal-stride runs (innermost first).
     groups: list[tuple[int, int]] = []  # (size, stride)
-    for size, stride in zip(reversed(sizes), reversed(strides)):
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
         if size == 1:
             continue
         if groups and groups[-1][1] * groups[-1][0] == stride:

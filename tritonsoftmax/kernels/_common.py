@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import LaunchConfig, m_bucket, n_bucket
+from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket
 from ..device import DeviceInfo, device_info, interpreter_active
 from ..layout import RowProblem
 
@@ -69,6 +69,11 @@ class Family:
     grid: Callable[[int, int, dict], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
 
+    def run(self, x: torch.Tensor, y: torch.Tensor, problem: RowProblem, config: LaunchConfig | None = None,
+            device: DeviceInfo | None = None) -> LaunchConfig | None:
+        """Launch this family on ``problem`` (see :func:`launch`)."""
+        return launch(self, x, y, problem, config, device)
+
     def autotuned(self, device: DeviceInfo):
         """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
         tuner = self._autotuned.get(device)
@@ -101,12 +106,15 @@ class Family:
 
 def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem,
            config: LaunchConfig | None = None, device: DeviceInfo | None = None) -> LaunchConfig | None:
-    """Run ``family`` on ``problem``: exactly ``config`` if given, else its autotuned kernel.
+    """Run ``family`` on ``problem``: exactly ``config`` if given, else its autotuned kernel
+    (or, with autotuning switched off, its heuristic config).
 
     ``x`` and ``y`` are tensors whose data pointers the problem's strides address.
-    Returns the config used when it was given explicitly (None when autotuned).
+    Returns the config launched, or None when the autotuner chose it.
     """
     args = (x, y, *problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
+    if config is None and not autotune_enabled():
+        config = family.heuristic(device or device_info(x.device), problem.M, problem.N)
     if config is not None:
         kwargs = config.launch_kwargs()
         family.kernel[family.grid(problem.M, problem.N, kwargs)](*args, **kwargs)

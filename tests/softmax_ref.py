@@ -1,0 +1,45 @@
+"""The one correctness helper: compare with torch.softmax of the float64 input."""
+
+import torch
+
+# Max abs error against the float64 reference, per output dtype (design notes).
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3, torch.float64: 1e-12}
+
+
+def reference(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.softmax(x.double(), dim)
+
+
+def assert_softmax_close(y: torch.Tensor, x: torch.Tensor, dim: int = -1, out_dtype=None) -> None:
+    """Every element of ``y`` within the dtype's tolerance of the float64 softmax of ``x``; NaN where
+    the reference is NaN and nowhere else; every non-NaN row sums to 1 within tolerance."""
+    out_dtype = out_dtype or x.dtype
+    assert y.dtype == out_dtype, f"output dtype {y.dtype}, expected {out_dtype}"
+    assert y.shape == x.shape, f"output shape {tuple(y.shape)}, expected {tuple(x.shape)}"
+    ref = reference(x, dim)
+    got = y.double().cpu()
+    ref = ref.cpu()
+    tol = TOL[out_dtype]
+    nan_ref, nan_got = ref.isnan(), got.isnan()
+    assert torch.equal(nan_ref, nan_got), (
+        f"NaN pattern differs: {int(nan_got.sum())} NaN in output, {int(nan_ref.sum())} in reference")
+    ok = ~nan_ref
+    if ok.any():
+        err = (got[ok] - ref[ok]).abs().max().item()
+        assert err <= tol, f"max abs error {err:.3g} > {tol:g} ({out_dtype})"
+        sums = torch.where(ok, got, torch.zeros_like(got)).sum(dim)
+        row_ok = ok.all(dim)
+        if row_ok.any():
+            n = x.shape[dim] if x.dim() else 1
+            dev = (sums[row_ok] - 1).abs().max().item()
+            assert dev <= tol * max(1.0, n ** 0.5) + 1e-6, f"row sum off by {dev:.3g}"
+
+
+def poisoned_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
+    """An output buffer filled with NaN, so an unwritten element cannot pass."""
+    return torch.full_like(x, float("nan"), dtype=dtype or x.dtype)
+
+
+def random_input(shape, dtype, device, scale: float = 3.0, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(device=device, dtype=dtype)

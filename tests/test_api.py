@@ -1,0 +1,179 @@
+"""The public softmax: dims, layouts, dtypes, special values, empty tensors and bad input."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from softmax_ref import assert_softmax_close, random_input
+
+import tritonsoftmax
+from tritonsoftmax.kernels import FAMILY_NAMES
+
+IMPLS = ("auto",) + FAMILY_NAMES
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -2, -3])
+def test_3d_each_dim(dim, impl):
+    x = random_input((5, 33, 7), torch.float32, DEVICE, seed=dim + 10)
+    y = tritonsoftmax.softmax(x, dim, impl=impl)
+    assert_softmax_close(y, x, dim)
+    assert y.is_contiguous(), "output keeps the input's (contiguous) layout, like torch"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_transposed_input(impl):
+    x = random_input((40, 30), torch.float32, DEVICE).t()
+    for dim in (0, 1):
+        assert_softmax_close(tritonsoftmax.softmax(x, dim, impl=impl), x, dim)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sliced_rows_and_columns(impl):
+    base = random_input((20, 500), torch.float16, DEVICE)
+    for x in (base[::3], base[:, 7:407], base[2:9, ::2]):
+        assert_softmax_close(tritonsoftmax.softmax(x, impl=impl), x)
+
+
+def _spy_launches(monkeypatch) -> dict:
+    """Record the input pointer and RowProblem of the next kernel launch through the API."""
+    from tritonsoftmax.kernels._common import Family
+
+    seen = {}
+    real = Family.run
+
+    def spy(self, x, y, problem, config=None, device=None):
+        seen["ptr"], seen["problem"] = x.data_ptr(), problem
+        return real(self, x, y, problem, config, device)
+
+    monkeypatch.setattr(Family, "run", spy)
+    return seen
+
+
+def test_row_stride_slice_makes_no_copy(monkeypatch):
+    seen = _spy_launches(monkeypatch)
+    base = random_input((10, 64), torch.float32, DEVICE)
+    x = base[:, :50]
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    assert seen["ptr"] == x.data_ptr(), "the kernel must read the slice in place"
+    assert seen["problem"].x.outer == 64 and seen["problem"].x.col == 1
+
+
+def test_middle_dim_makes_no_copy(monkeypatch):
+    seen = _spy_launches(monkeypatch)
+    x = random_input((4, 9, 6), torch.float32, DEVICE)
+    assert_softmax_close(tritonsoftmax.softmax(x, 1), x, 1)
+    assert seen["ptr"] == x.data_ptr()
+    assert seen["problem"].inner == 6 and seen["problem"].x.col == 6
+
+
+def test_layout_that_does_not_collapse_is_copied_and_correct():
+    x = random_input((3, 4, 5, 6), torch.float32, DEVICE).permute(2, 0, 3, 1)
+    for dim in range(4):
+        assert_softmax_close(tritonsoftmax.softmax(x, dim), x, dim)
+
+
+def test_expanded_input_with_zero_strides():
+    x = random_input((1, 50), torch.float32, DEVICE).expand(4, 50)
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_values_up_to_1e4(impl, dtype):
+    x = random_input((4, 3000), torch.float32, DEVICE, scale=1.0)
+    x = (x / x.abs().max() * 1e4).to(dtype)
+    assert_softmax_close(tritonsoftmax.softmax(x, impl=impl), x)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_inf_nan_and_all_neg_inf_rows_match_torch(impl):
+    x = random_input((5, 300), torch.float32, DEVICE)
+    x[0, 5] = float("inf")
+    x[1, 17] = float("nan")
+    x[2] = float("-inf")
+    x[3, :250] = float("-inf")
+    y = tritonsoftmax.softmax(x, impl=impl)
+    assert_softmax_close(y, x)
+    assert y[0].isnan().all() and y[1].isnan().all() and y[2].isnan().all()
+    assert not y[3].isnan().any() and not y[4].isnan().any()
+
+
+@pytest.mark.parametrize("shape,dim", [((0, 5), -1), ((5, 0), -1), ((5, 0), 0), ((2, 0, 3), 1)])
+def test_empty_tensors(shape, dim):
+    x = torch.empty(shape, device=DEVICE)
+    y = tritonsoftmax.softmax(x, dim)
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_scalar_and_single_element():
+    x = torch.tensor(3.0, device=DEVICE)
+    assert tritonsoftmax.softmax(x).item() == 1.0
+    x1 = random_input((7, 1), torch.float16, DEVICE)
+    assert (tritonsoftmax.softmax(x1) == 1).all()
+
+
+def test_float64_falls_back_to_torch():
+    x = random_input((3, 100), torch.float64, DEVICE)
+    torch.testing.assert_close(tritonsoftmax.softmax(x), torch.softmax(x, -1), rtol=0, atol=0)
+
+
+def test_integer_input_with_dtype_is_cast_first():
+    x = torch.randint(-5, 5, (4, 37), device=DEVICE)
+    y = tritonsoftmax.softmax(x, dtype=torch.float32)
+    assert_softmax_close(y, x.float())
+
+
+def test_half_input_with_float32_dtype_gives_float32():
+    x = random_input((4, 100), torch.float16, DEVICE)
+    y = tritonsoftmax.softmax(x, dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert_softmax_close(y, x, out_dtype=torch.float32)
+
+
+def test_integer_input_raises_type_error():
+    with pytest.raises(TypeError, match="int64"):
+        tritonsoftmax.softmax(torch.arange(6, device=DEVICE))
+
+
+def test_bool_input_raises_type_error():
+    with pytest.raises(TypeError, match="bool"):
+        tritonsoftmax.softmax(torch.ones(3, dtype=torch.bool, device=DEVICE))
+
+
+def test_complex_input_raises_type_error():
+    with pytest.raises(TypeError, match="complex"):
+        tritonsoftmax.softmax(torch.ones(3, dtype=torch.complex64, device=DEVICE), dtype=torch.float32)
+
+
+def test_non_floating_dtype_argument_raises_type_error():
+    with pytest.raises(TypeError, match="dtype"):
+        tritonsoftmax.softmax(torch.ones(3, device=DEVICE), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dim", [2, -3, 5])
+def test_dim_out_of_range_raises_index_error_like_torch(dim):
+    x = torch.ones(2, 3, device=DEVICE)
+    with pytest.raises(IndexError) as ours:
+        tritonsoftmax.softmax(x, dim)
+    with pytest.raises(IndexError) as theirs:
+        torch.softmax(x, dim)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_unknown_impl_raises_value_error_listing_choices():
+    with pytest.raises(ValueError, match="'fused'.*'tile'.*'online'"):
+        tritonsoftmax.softmax(torch.ones(2, 3, device=DEVICE), impl="fast")
+
+
+def test_non_tensor_raises_type_error():
+    with pytest.raises(TypeError, match="Tensor"):
+        tritonsoftmax.softmax([1.0, 2.0])
+
+
+def test_cpu_tensor_without_interpreter_uses_torch(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from tritonsoftmax.kernels._common import Family
+
+    monkeypatch.setattr(Family, "run", lambda *a, **k: pytest.fail("a kernel ran for a CPU tensor"))
+    x = torch.randn(3, 10)
+    torch.testing.assert_close(tritonsoftmax.softmax(x), torch.softmax(x, -1))

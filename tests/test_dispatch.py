@@ -1,0 +1,109 @@
+"""Dispatcher rules, config generation and device descriptions, on synthetic devices."""
+
+import pytest
+import torch
+
+from tritonsoftmax import dispatch
+from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
+from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
+from tritonsoftmax.kernels import FAMILY_NAMES, family, fused
+
+SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
+GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072, 4 * 2**20)
+GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
+DEVICES = [SM90, GFX942, GFX1201]
+
+
+def test_buckets_are_powers_of_two_and_coarse_powers_of_four():
+    assert [n_bucket(n) for n in (1, 2, 3, 1000, 1024, 1025)] == [1, 2, 4, 1024, 1024, 2048]
+    assert [m_bucket(m) for m in (1, 2, 4, 5, 4096, 5000, 10**6)] == [1, 4, 4, 16, 4096, 16384, 16384]
+
+
+def test_fused_capacity_follows_register_file():
+    assert dispatch.fused_capacity(SM90) == 16384
+    assert dispatch.fused_capacity(GFX942) == 32768
+    assert dispatch.fused_capacity(GFX1201) == 16384
+
+
+@pytest.mark.parametrize("N,impl", [(1, "fused"), (2048, "fused"), (16384, "fused"), (16385, "online"),
+                                    (262144, "online"), (8388608, "online")])
+def test_rule_table_on_h200(N, impl):
+    assert dispatch.choose(4096, N, torch.float32, SM90).impl == impl
+
+
+def test_every_rule_says_why():
+    assert all(rule.why for rule in dispatch.RULES)
+    assert dispatch.RULES[-1].holds(dispatch.Shape(1, 10**9, torch.float32, SM90))
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.arch)
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("M,N", [(1, 1), (8, 2048), (4096, 256), (4096, 16384), (4, 1048576)])
+def test_generated_configs_are_valid_for_the_device(name, device, M, N):
+    fam = family(name)
+    if name == "fused" and N > fused.MAX_N:
+        return
+    configs = fam.configs(device, M, N)
+    assert configs, "an empty search space"
+    for c in configs + [fam.heuristic(device, M, N)]:
+        assert c.num_warps * device.warp_size <= device.max_threads_per_program
+        assert c.num_warps & (c.num_warps - 1) == 0
+        options = dict(c.options)
+        if device.is_hip:
+            assert set(options) <= {"waves_per_eu"}
+        else:
+            assert not options, "AMD-only options emitted for CUDA"
+        if name == "fused":
+            assert c["BLOCK_N"] == next_power_of_2(N)
+            assert c["ROWS"] * c["BLOCK_N"] <= max(c["BLOCK_N"], fused.MAX_TILE)
+        else:
+            assert c["BLOCK"] & (c["BLOCK"] - 1) == 0
+
+
+def test_hip_search_space_has_waves_per_eu_variants():
+    configs = family("online").configs(GFX942, 4096, 65536)
+    assert any(dict(c.options).get("waves_per_eu") for c in configs)
+    assert not any(c.options for c in family("online").configs(SM90, 4096, 65536))
+
+
+def test_fused_heuristic_keeps_programs_for_few_rows():
+    assert family("fused").heuristic(SM90, 8, 256)["ROWS"] == 1
+    assert family("fused").heuristic(SM90, 65536, 256)["ROWS"] > 1
+
+
+def test_decision_is_cached_per_shape():
+    dev = torch.device("cpu")
+    a = dispatch.plan("auto", 8, 2048, torch.float32, torch.float32, dev)
+    b = dispatch.plan("auto", 8, 2048, torch.float32, torch.float32, dev)
+    c = dispatch.plan("auto", 8, 65536, torch.float32, torch.float32, dev)
+    assert a is b and a.impl == "fused" and c.impl == "online"
+
+
+def test_autotune_switch_decides_between_autotuner_and_heuristic(monkeypatch):
+    from conftest import DEVICE
+
+    from tritonsoftmax.device import device_info
+    from tritonsoftmax.kernels import tile
+
+    x = torch.randn(8, 5000, device=DEVICE)
+    y = torch.empty_like(x)
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "0")
+    assert tile.launch(x, y) == family("tile").heuristic(device_info(x.device), 8, 5000)
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    if DEVICE == "cpu":  # on a GPU this would run the (slow) autotuner; test_gpu.py covers that
+        assert tile.launch(x, y) is None
+
+
+def test_launch_config_round_trips():
+    c = LaunchConfig.make(8, 2, {"waves_per_eu": 2}, BLOCK=4096)
+    assert LaunchConfig.from_dict(c.as_dict()) == c
+    assert LaunchConfig.from_triton(c.to_triton()) == c
+    with pytest.raises(ValueError, match="malformed"):
+        LaunchConfig.from_dict({"BLOCK": 4096})
+
+
+def test_device_names_and_warp_sizes():
+    assert gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("AMD Instinct MI300X") == "mi300x"
+    assert warp_size_for_arch("gfx942") == 64 and warp_size_for_arch("gfx90a") == 64
+    assert warp_size_for_arch("gfx1201") == 32 and warp_size_for_arch("sm_90") == 32

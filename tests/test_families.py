@@ -1,0 +1,91 @@
+"""Every kernel family (and auto) against the float64 reference over shapes, dtypes and configs."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from softmax_ref import assert_softmax_close, poisoned_like, random_input
+
+import tritonsoftmax
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, online, tile
+
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch}
+NS = [1, 2, 3, 17, 128, 1000, 1024, 4097, 20000]
+MS = [1, 3, 64]
+DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M", MS)
+@pytest.mark.parametrize("N", NS)
+@pytest.mark.parametrize("impl", FAMILY_NAMES)
+def test_family_launcher_matches_reference(impl, N, M, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=N * 7 + M)
+    y = poisoned_like(x)
+    LAUNCHERS[impl](x, y)
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,N", [(1, 1), (3, 17), (64, 1000), (3, 4097), (1, 20000)])
+def test_auto_matches_reference(M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=N + M)
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+
+
+# Two or more explicit configs per family: several tiles per row, several rows per program.
+EXPLICIT = {
+    "fused": [LaunchConfig.make(1, BLOCK_N=128, ROWS=8), LaunchConfig.make(4, BLOCK_N=256, ROWS=1),
+              LaunchConfig.make(2, BLOCK_N=128, ROWS=2)],
+    "tile": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
+    "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,N", [(5, 100), (16, 128), (7, 33)])
+@pytest.mark.parametrize("impl,config", [(k, c) for k, cs in EXPLICIT.items() for c in cs],
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_explicit_config_is_used_and_correct(impl, config, M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=M * N)
+    y = poisoned_like(x)
+    used = LAUNCHERS[impl](x, y, config)
+    assert used == config
+    assert_softmax_close(y, x)
+
+
+def test_fused_rejects_config_shorter_than_row():
+    x = random_input((2, 300), torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        fused.launch(x, poisoned_like(x), LaunchConfig.make(1, BLOCK_N=128, ROWS=1))
+
+
+def test_fused_rejects_rows_too_long_for_chip():
+    x = torch.empty(1, fused.MAX_N + 1, device=DEVICE)
+    with pytest.raises(ValueError, match="online"):
+        tritonsoftmax.softmax(x, impl="fused")
+
+
+@pytest.mark.parametrize("impl", FAMILY_NAMES)
+def test_launcher_writes_into_strided_output(impl):
+    x = random_input((6, 300), torch.float32, DEVICE)
+    big = torch.full((6, 700), float("nan"), device=DEVICE)
+    y = big[:, 100:400]
+    LAUNCHERS[impl](x, y)
+    assert_softmax_close(y, x)
+    assert big[:, :100].isnan().all() and big[:, 400:].isnan().all(), "wrote outside the output view"
+
+
+def test_online_masked_prefix_does_not_poison_row():
+    # The first tiles of the row are all -inf (a masked prefix); the running max is -inf there.
+    x = random_input((2, 200), torch.float32, DEVICE)
+    x[:, :100] = float("-inf")
+    for impl in FAMILY_NAMES:
+        y = poisoned_like(x)
+        LAUNCHERS[impl](x, y, EXPLICIT[impl][0] if impl != "fused" else None)
+        assert_softmax_close(y, x)
+
+
+def test_family_registry_names_match_modules():
+    for name in FAMILY_NAMES:
+        assert family(name).name == name

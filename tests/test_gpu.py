@@ -1,0 +1,62 @@
+"""What only a GPU can check: bf16, long and huge rows, > 2^31 elements, the autotuner itself."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from softmax_ref import TOL, assert_softmax_close, poisoned_like, random_input
+
+import tritonsoftmax
+from tritonsoftmax.device import device_info
+from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, tile
+
+pytestmark = pytest.mark.gpu
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch}
+
+
+@pytest.mark.parametrize("M,N", [(1, 1), (3, 17), (64, 1000), (4096, 256), (8, 2048), (32, 8192), (7, 16384)])
+@pytest.mark.parametrize("impl", FAMILY_NAMES)
+def test_bf16_every_family(impl, M, N):
+    x = random_input((M, N), torch.bfloat16, DEVICE, seed=M + N)
+    y = poisoned_like(x)
+    LAUNCHERS[impl](x, y)
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 4096), (1024, 16384), (64, 65536), (4, 1048576), (1, 8388608),
+                                 (2, 3000017)])
+@pytest.mark.parametrize("impl", ["auto", "tile", "online"])
+def test_long_rows(impl, M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=N)
+    assert_softmax_close(tritonsoftmax.softmax(x, impl=impl), x)
+
+
+@pytest.mark.parametrize("M,N", [(1 << 20, 16), (300000, 3)])
+def test_many_tiny_rows(M, N):
+    x = random_input((M, N), torch.float16, DEVICE)
+    assert_softmax_close(tritonsoftmax.softmax(x, impl="fused"), x)
+
+
+def test_more_than_2_pow_31_elements():
+    M, N = 32769, 65536  # 2^31 + 65536 elements, bf16: 4 GiB in, 4 GiB out
+    x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
+    y = torch.full_like(x, float("nan"))
+    online.launch(x, y)
+    worst = 0.0
+    for r in range(0, M, 1024):  # every element, a chunk of rows at a time
+        ref = torch.softmax(x[r:r + 1024].double(), -1)
+        worst = max(worst, (y[r:r + 1024].double() - ref).abs().max().item())
+    assert worst <= TOL[torch.bfloat16], f"max abs error {worst}"
+
+
+def test_autotuner_runs_and_picks_a_config_from_the_search_space(monkeypatch):
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    x = random_input((4096, 1000), torch.float32, DEVICE)
+    y = poisoned_like(x)
+    assert fused.launch(x, y) is None, "with autotuning on, the autotuner chooses"
+    assert_softmax_close(y, x)
+    info = device_info(x.device)
+    from tritonsoftmax.config import LaunchConfig
+
+    best = LaunchConfig.from_triton(fused.FAMILY.autotuned(info).best_config)
+    assert best in fused.FAMILY.configs(info, 4096, 1000)

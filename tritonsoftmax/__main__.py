@@ -1,0 +1,80 @@
+"""Self-check: ``python -m tritonsoftmax``.
+
+Prints the backend, arch, versions and the dispatch decision for a few shapes, then runs every
+kernel family against a float64 reference (and, on a GPU, times it). On a machine without a GPU
+it turns the Triton interpreter on first, so it checks our kernels, not torch against torch.
+Launches use each family's heuristic config unless ``--autotune`` is given. Exit status 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+SHAPES = [(1, 1), (7, 17), (64, 1000), (3, 4097), (2, 20000)]
+GPU_SHAPES = [(4096, 1024), (4096, 16384), (256, 131072)]
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+def main() -> int:
+    on_gpu = torch.cuda.is_available()
+    if "--autotune" not in sys.argv:
+        os.environ.setdefault("TRITONSOFTMAX_AUTOTUNE", "0")  # heuristic configs: no minutes of tuning
+    if not on_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    import triton
+
+    import tritonsoftmax
+    from tritonsoftmax import dispatch
+    from tritonsoftmax.device import device_info
+    from tritonsoftmax.kernels import FAMILY_NAMES
+
+    dev = torch.device("cuda" if on_gpu else "cpu")
+    info = device_info(dev)
+    print(f"tritonsoftmax {tritonsoftmax.__version__}: torch {torch.__version__}, triton {triton.__version__}")
+    print(f"device: {info.name} backend={info.backend} arch={info.arch} warp={info.warp_size} "
+          f"SMs={info.sm_count} regs/SM={info.regs_per_sm}")
+    if not on_gpu:
+        print("no GPU: running the kernels under the Triton interpreter (correctness only, no speed)")
+    print("dispatch:")
+    for M, N in [(8, 2048), (4096, 1024), (4096, 16384), (4096, 65536), (1, 8388608)]:
+        rule = dispatch.choose(M, N, torch.float32, info)
+        print(f"  {M:>5} x {N:<8} -> {rule.impl:7} ({rule.why})")
+
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
+    shapes = SHAPES + (GPU_SHAPES if on_gpu else [])
+    failures = 0
+    gen = torch.Generator().manual_seed(0)
+    for impl in ("auto",) + FAMILY_NAMES:
+        for dtype in dtypes:
+            for M, N in shapes:
+                if impl == "fused" and N > 65536:
+                    continue
+                x = (torch.randn(M, N, generator=gen) * 4).to(dev, dtype)
+                try:
+                    y = tritonsoftmax.softmax(x, impl=impl)
+                    err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
+                    ok = err <= TOL[dtype]
+                except Exception as e:  # report and go on: the self-check lists every failure
+                    err, ok = float("nan"), False
+                    print(f"  ERROR {impl} {dtype} {M}x{N}: {type(e).__name__}: {e}")
+                speed = ""
+                if ok and on_gpu:
+                    run = lambda x=x, impl=impl: tritonsoftmax.softmax(x, impl=impl)
+                    ms = triton.testing.do_bench(run, warmup=10, rep=40, return_mode="median")
+                    speed = f"{2 * x.numel() * x.element_size() / ms / 1e6:8.0f} GB/s"
+                failures += not ok
+                print(f"  {'ok  ' if ok else 'FAIL'} {impl:7} {str(dtype)[6:]:8} {M:>5} x {N:<6} "
+                      f"max err {err:.1e} {speed}")
+    print("self-check", "passed" if failures == 0 else f"FAILED ({failures} checks)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    start = time.time()
+    code = main()
+    print(f"({time.time() - start:.1f} s)")
+    sys.exit(code)
