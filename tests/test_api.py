@@ -36,16 +36,16 @@ def test_sliced_rows_and_columns(impl):
 
 def _spy_launches(monkeypatch) -> dict:
     """Record the input pointer and RowProblem of the next kernel launch through the API."""
-    from tritonsoftmax.kernels._common import Family
+    from tritonsoftmax.kernels._common import PreparedLaunch
 
     seen = {}
-    real = Family.run
+    real = PreparedLaunch.__call__
 
-    def spy(self, x, y, problem, config=None, device=None):
-        seen["ptr"], seen["problem"] = x.data_ptr(), problem
-        return real(self, x, y, problem, config, device)
+    def spy(self, x, y):
+        seen["ptr"], seen["problem"] = x.data_ptr(), self.problem
+        return real(self, x, y)
 
-    monkeypatch.setattr(Family, "run", spy)
+    monkeypatch.setattr(PreparedLaunch, "__call__", spy)
     return seen
 
 
@@ -172,8 +172,32 @@ def test_non_tensor_raises_type_error():
 
 def test_cpu_tensor_without_interpreter_uses_torch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    from tritonsoftmax.kernels._common import Family
+    from tritonsoftmax.kernels._common import PreparedLaunch
 
-    monkeypatch.setattr(Family, "run", lambda *a, **k: pytest.fail("a kernel ran for a CPU tensor"))
+    monkeypatch.setattr(PreparedLaunch, "__call__", lambda *a, **k: pytest.fail("a kernel ran for a CPU tensor"))
     x = torch.randn(3, 10)
     torch.testing.assert_close(tritonsoftmax.softmax(x), torch.softmax(x, -1))
+
+
+def test_warm_call_reuses_the_prepared_launch_and_stays_correct():
+    from tritonsoftmax import api
+
+    x = random_input((6, 700), torch.float32, DEVICE, seed=1)
+    first = tritonsoftmax.softmax(x, impl="online")
+    key = (x.shape, x.stride(), x.dtype, x.device, -1, None, "online")
+    if DEVICE == "cpu":
+        assert key not in api._prepared, "under the interpreter every call takes the cold path"
+    else:
+        assert key in api._prepared
+    for seed in (2, 3):  # fresh values, same signature
+        x2 = random_input((6, 700), torch.float32, DEVICE, seed=seed)
+        assert_softmax_close(tritonsoftmax.softmax(x2, impl="online"), x2)
+    assert_softmax_close(first, x)
+
+
+def test_warm_call_with_misaligned_pointer_is_still_correct():
+    base = random_input((1, 8 * 64 + 1), torch.float32, DEVICE)
+    aligned = base[0, :512].view(8, 64)
+    shifted = base[0, 1:513].view(8, 64)  # 4-byte offset: not 16-byte aligned
+    for x in (aligned, shifted, aligned, shifted):
+        assert_softmax_close(tritonsoftmax.softmax(x), x)

@@ -37,6 +37,10 @@ def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return x
 
 
+_prepared: dict[tuple, tuple] = {}  # call signature -> (PreparedLaunch, output dtype)
+_PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
+
+
 def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
             impl: str = "auto") -> torch.Tensor:
     """Softmax of ``x`` along ``dim``, a drop-in for ``torch.softmax(x, dim, dtype=dtype)``.
@@ -49,35 +53,55 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
 
         >>> y = tritonsoftmax.softmax(torch.randn(4096, 1024, device="cuda"))
     """
+    try:
+        hit = _prepared.get((x.shape, x.stride(), x.dtype, x.device, dim, dtype, impl))
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
+        hit = None
+    if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
+        prepared, out_dtype = hit
+        y = torch.empty_like(x, dtype=out_dtype)
+        prepared(x, y)
+        return y
+    return _softmax_cold(x, dim, dtype, impl)
+
+
+def _softmax_cold(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str) -> torch.Tensor:
+    """The first call of a signature: validate, choose, prepare (and remember) the launch."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"softmax expects a torch.Tensor, got {type(x).__name__}")
     _check_impl(impl)
+    key = (x.shape, x.stride(), x.dtype, x.device, dim, dtype, impl)
     x = _cast_input(x, dtype)
     dim = _normalize_dim(dim, x.dim())
     out_dtype = dtype or x.dtype
-    if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES
+    if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0
             or (x.device.type == "cpu" and not interpreter_active())):
-        return torch.softmax(x, dim, dtype=out_dtype)
-    if x.dim() == 0:
         return torch.softmax(x, dim, dtype=out_dtype)
     y = torch.empty_like(x, dtype=out_dtype)
     if x.numel() == 0:
         return y
     problem = layout.row_problem(x, y, dim)
-    if problem is None:
-        x = x.contiguous()
+    if problem is not None:
+        prepared = _prepare(problem, x, y, impl)
+        if key[2] == x.dtype and x.device.type != "cpu":  # no cast happened; the interpreter reads env each call
+            if len(_prepared) >= _PREPARED_MAX:
+                _prepared.clear()
+            _prepared[key] = (prepared, out_dtype)
+        prepared(x, y)
+        return y
+    # The other dims do not collapse into two stride groups: copy to a contiguous tensor.
+    x = x.contiguous()
+    y = torch.empty_like(x, dtype=out_dtype)
+    problem = layout.row_problem(x, y, dim)
+    if problem is None:  # column stride past 32 bits: compute with the softmax dim last
+        x = x.movedim(dim, -1).contiguous()
         y = torch.empty_like(x, dtype=out_dtype)
-        problem = layout.row_problem(x, y, dim)
-        if problem is None:  # column stride past 32 bits: compute with the softmax dim last
-            xt = x.movedim(dim, -1).contiguous()
-            yt = torch.empty_like(xt, dtype=out_dtype)
-            problem = layout.row_problem(xt, yt, xt.dim() - 1)
-            _run(problem, xt, yt, impl)
-            return yt.movedim(-1, dim)
-    _run(problem, x, y, impl)
+        _prepare(layout.row_problem(x, y, x.dim() - 1), x, y, impl)(x, y)
+        return y.movedim(-1, dim)
+    _prepare(problem, x, y, impl)(x, y)
     return y
 
 
-def _run(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str) -> None:
+def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str):
     p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device)
-    p.family.run(x, y, problem, p.config, p.device)
+    return p.family.prepare(problem, p.config, p.device)

@@ -69,10 +69,9 @@ class Family:
     grid: Callable[[int, int, dict], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, problem: RowProblem, config: LaunchConfig | None = None,
-            device: DeviceInfo | None = None) -> LaunchConfig | None:
-        """Launch this family on ``problem`` (see :func:`launch`)."""
-        return launch(self, x, y, problem, config, device)
+    def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo) -> PreparedLaunch:
+        """A :class:`PreparedLaunch` of this family for ``problem``."""
+        return PreparedLaunch(self, problem, config, device)
 
     def autotuned(self, device: DeviceInfo):
         """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
@@ -104,24 +103,56 @@ class Family:
                                do_bench=bench)(self.kernel)
 
 
+class PreparedLaunch:
+    """One family on one RowProblem, ready to start again and again with new tensors.
+
+    The first call goes through Triton's normal path (the autotuner when no config is known);
+    it remembers the chosen config and the compiled kernel, so a warm call starts the compiled
+    kernel directly: no autotuner, no argument binding, no specialisation work. A call whose
+    pointers differ in 16-byte alignment from the first (which the compiled kernel assumed)
+    takes Triton's normal path again.
+    """
+
+    def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo):
+        if config is None and not autotune_enabled():
+            config = family.heuristic(device, problem.M, problem.N)
+        self.family, self.problem, self.config, self.device = family, problem, config, device
+        self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
+        self._runner = None
+        self._aligned = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LaunchConfig | None:
+        """Softmax of ``x`` into ``y``; returns the config launched (None when the autotuner chose)."""
+        aligned = ((x.data_ptr() | y.data_ptr()) & 15) == 0
+        if self._runner is not None and aligned == self._aligned:
+            self._runner(x, y, *self.tail, *self._meta)
+            return self.config
+        M, N = self.problem.M, self.problem.N
+        if self.config is None:
+            tuner = self.family.autotuned(self.device)
+            tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *self.tail)
+            self.config = LaunchConfig.from_triton(tuner.best_config)
+            return None
+        kwargs = self.config.launch_kwargs()
+        grid = self.family.grid(M, N, kwargs)
+        compiled = self.family.kernel[grid](x, y, *self.tail, **kwargs)
+        if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
+            meta = dict(self.config.meta)
+            self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
+            self._runner = compiled[grid]
+            self._aligned = aligned
+        return self.config
+
+
 def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem,
            config: LaunchConfig | None = None, device: DeviceInfo | None = None) -> LaunchConfig | None:
-    """Run ``family`` on ``problem``: exactly ``config`` if given, else its autotuned kernel
+    """Run ``family`` on ``problem`` once: exactly ``config`` if given, else its autotuned kernel
     (or, with autotuning switched off, its heuristic config).
 
     ``x`` and ``y`` are tensors whose data pointers the problem's strides address.
     Returns the config launched, or None when the autotuner chose it.
     """
-    args = (x, y, *problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
-    if config is None and not autotune_enabled():
-        config = family.heuristic(device or device_info(x.device), problem.M, problem.N)
-    if config is not None:
-        kwargs = config.launch_kwargs()
-        family.kernel[family.grid(problem.M, problem.N, kwargs)](*args, **kwargs)
-        return config
-    tuner = family.autotuned(device or device_info(x.device))
-    tuner[lambda meta: family.grid(problem.M, problem.N, meta)](*args)
-    return None
+    return PreparedLaunch(family, problem, config, device or device_info(x.device))(x, y)
 
 
 def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 4,
