@@ -139,7 +139,7 @@ class PreparedLaunch:
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             meta = dict(self.config.meta)
             self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
-            self._runner = compiled[grid]
+            self._runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the runner wants 3 dims
             self._aligned = aligned
         return self.config
 
