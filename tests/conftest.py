@@ -5,6 +5,7 @@ import time, before the tests import tritonsoftmax's kernel modules.
 """
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -16,6 +17,10 @@ else:
     # Hundreds of (family, shape bucket, dtype) cases would each pay a full autotuning run;
     # the suite launches heuristic configs and test_gpu.py exercises the autotuner itself.
     os.environ.setdefault("TRITONSOFTMAX_AUTOTUNE", "0")
+
+# Hermetic: the suite never reads or writes the user's tuning directory.
+os.environ["TRITONSOFTMAX_TUNE_CACHE"] = tempfile.mkdtemp(prefix="tritonsoftmax-test-tune-")
+os.environ.pop("TRITONSOFTMAX_TUNE_SAVE", None)
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 

@@ -104,4 +104,11 @@ def _softmax_cold(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: st
 
 def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str):
     p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device)
-    return p.family.prepare(problem, p.config, p.device)
+    return p.family.prepare(problem, p.config, p.device, p.from_store)
+
+
+def clear_caches() -> None:
+    """Forget every prepared launch and dispatch decision, and re-read the tuning tables next time
+    (after writing a tuning table in this process, for instance)."""
+    _prepared.clear()
+    dispatch.clear_cache()

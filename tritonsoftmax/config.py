@@ -21,6 +21,11 @@ def autotune_enabled() -> bool:
     return os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1") not in ("0", "")
 
 
+def save_tuning_enabled() -> bool:
+    """True when ``TRITONSOFTMAX_TUNE_SAVE=1``: autotuning winners are written to the user's tuning table."""
+    return os.environ.get("TRITONSOFTMAX_TUNE_SAVE", "0") not in ("0", "")
+
+
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

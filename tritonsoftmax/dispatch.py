@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import tuning
 from .config import LaunchConfig, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import FAMILY_NAMES, family
@@ -66,12 +67,13 @@ def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo) -> Rule:
 
 @dataclass(frozen=True)
 class Plan:
-    """A decided launch: the family and either an explicit config or None (autotune)."""
+    """A decided launch: the family and either a config from the tuning store or None (autotune)."""
 
     impl: str
     family: object
     config: LaunchConfig | None
     device: DeviceInfo
+    from_store: bool = False
 
 
 _plans: dict[tuple, Plan] = {}
@@ -89,11 +91,13 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
             from .kernels.fused import check_row_length
 
             check_row_length(N)
-        p = Plan(name, family(name), None, info)
+        entry = tuning.lookup(info, name, dtype, N, M)
+        p = Plan(name, family(name), entry.config if entry else None, info, entry is not None)
         _plans[key] = p
     return p
 
 
 def clear_cache() -> None:
-    """Forget every cached decision (after the tuning cache changed, for instance)."""
+    """Forget every cached decision and re-read the tuning tables on the next decision."""
     _plans.clear()
+    tuning.forget()

@@ -14,6 +14,7 @@ computes its grid. :func:`launch` is the one place a kernel is started.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket
+from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, save_tuning_enabled
 from ..device import DeviceInfo, device_info, interpreter_active
 from ..layout import RowProblem
 
@@ -69,9 +70,10 @@ class Family:
     grid: Callable[[int, int, dict], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
 
-    def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo) -> PreparedLaunch:
+    def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
+                from_store: bool = False) -> PreparedLaunch:
         """A :class:`PreparedLaunch` of this family for ``problem``."""
-        return PreparedLaunch(self, problem, config, device)
+        return PreparedLaunch(self, problem, config, device, from_store)
 
     def autotuned(self, device: DeviceInfo):
         """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
@@ -110,13 +112,16 @@ class PreparedLaunch:
     it remembers the chosen config and the compiled kernel, so a warm call starts the compiled
     kernel directly: no autotuner, no argument binding, no specialisation work. A call whose
     pointers differ in 16-byte alignment from the first (which the compiled kernel assumed)
-    takes Triton's normal path again.
+    takes Triton's normal path again. A config from the tuning store that fails to compile or
+    launch falls back to the autotuner with one warning.
     """
 
-    def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo):
+    def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
+                 from_store: bool = False):
         if config is None and not autotune_enabled():
             config = family.heuristic(device, problem.M, problem.N)
         self.family, self.problem, self.config, self.device = family, problem, config, device
+        self.from_store = from_store
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
         self._runner = None
         self._aligned = None
@@ -127,21 +132,43 @@ class PreparedLaunch:
         if self._runner is not None and aligned == self._aligned:
             self._runner(x, y, *self.tail, *self._meta)
             return self.config
-        M, N = self.problem.M, self.problem.N
         if self.config is None:
-            tuner = self.family.autotuned(self.device)
-            tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *self.tail)
-            self.config = LaunchConfig.from_triton(tuner.best_config)
-            return None
+            return self._autotune(x, y)
+        try:
+            self._launch_config(x, y, aligned)
+        except Exception as e:
+            if not self.from_store:
+                raise
+            warnings.warn(f"tritonsoftmax: stored config ({self.config}) for {self.family.name} failed "
+                          f"({type(e).__name__}: {e}); autotuning instead", RuntimeWarning, stacklevel=2)
+            self.config, self.from_store = None, False
+            return self._autotune(x, y)
+        return self.config
+
+    def _launch_config(self, x: torch.Tensor, y: torch.Tensor, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
-        grid = self.family.grid(M, N, kwargs)
+        grid = self.family.grid(self.problem.M, self.problem.N, kwargs)
         compiled = self.family.kernel[grid](x, y, *self.tail, **kwargs)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             meta = dict(self.config.meta)
             self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
             self._runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the runner wants 3 dims
             self._aligned = aligned
-        return self.config
+
+    def _autotune(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        M, N = self.problem.M, self.problem.N
+        tuner = self.family.autotuned(self.device)
+        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *self.tail)
+        self.config = LaunchConfig.from_triton(tuner.best_config)
+        if save_tuning_enabled():
+            timings = getattr(tuner, "configs_timings", None) or {}
+            best = timings.get(tuner.best_config)
+            ms = best[0] if isinstance(best, (list, tuple)) else best
+            from .. import tuning
+
+            tuning.record(tuning.user_dir(), self.device, [(self.family.name, x.dtype, N, M, self.config, ms)],
+                          covers="autotuned on first use")
+        return None
 
 
 def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem,
@@ -155,7 +182,7 @@ def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem
     return PreparedLaunch(family, problem, config, device or device_info(x.device))(x, y)
 
 
-def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 4,
+def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 8,
                  max_per_thread: int = 32) -> list[int]:
     """num_warps values that give each thread between min and max elements of a program's tile."""
     out = []

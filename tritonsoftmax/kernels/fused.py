@@ -13,7 +13,8 @@ from . import _common
 from ._common import Family, row_offsets
 
 IMPL = "fused"
-MAX_TILE = 16384  # elements one program holds when it takes several rows
+TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
+MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
 
 
@@ -49,13 +50,12 @@ def _softmax_fused_fwd_kernel(
 
 def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     block_n = next_power_of_2(N)
-    max_rows = max(1, min(256, MAX_TILE // block_n, next_power_of_2(M)))
+    # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
+    rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
     out = []
-    rows = 1
-    while rows <= max_rows:
+    for rows in sorted(r for r in rows_options if r == 1 or r <= next_power_of_2(M)):
         for nw in _common.warp_choices(device, rows * block_n):
             out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=rows))
-        rows *= 2
     return _common.with_backend_options(device, out)
 
 

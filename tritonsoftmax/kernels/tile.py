@@ -64,8 +64,8 @@ def _softmax_tile_fwd_kernel(
 def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     out = []
     for block in BLOCKS:
-        if block > max(BLOCKS[0], next_power_of_2(N)):
-            break
+        if block > max(BLOCKS[0], next_power_of_2(N)) or (block == BLOCKS[0] and N > BLOCKS[0]):
+            continue
         for nw in _common.warp_choices(device, block):
             for stages in (1, 2):
                 out.append(LaunchConfig.make(nw, stages, BLOCK=block))

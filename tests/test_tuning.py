@@ -1,0 +1,195 @@
+"""The tuning store: round trips, bucketing, bad files, concurrency, lookup order, the hit path."""
+
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import DEVICE
+from softmax_ref import assert_softmax_close, random_input
+
+import tritonsoftmax
+from tritonsoftmax import tuning
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import DeviceInfo, device_info
+
+REPO = Path(__file__).resolve().parent.parent
+SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
+CFG = LaunchConfig.make(8, BLOCK_N=2048, ROWS=2)
+
+
+@pytest.fixture(autouse=True)
+def user_table(tmp_path, monkeypatch):
+    """Every test gets an empty user directory and no shipped tables unless it sets them."""
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path / "user"))
+    monkeypatch.setattr(tuning, "shipped_dir", lambda: None)
+    tritonsoftmax.clear_caches()
+    yield tmp_path / "user"
+    tritonsoftmax.clear_caches()
+
+
+def test_round_trip_and_buckets(user_table):
+    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="test")
+    assert path == user_table / "cuda" / "sm_90.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["covers"] == "test"
+    hit = tuning.lookup(SM90, "fused", torch.float32, 1500, 5000)  # N 1500 -> bucket 2048, M 5000 -> nearest
+    assert hit is not None and hit.config == CFG and hit.ms == pytest.approx(0.0165)
+    assert tuning.lookup(SM90, "fused", torch.float32, 2049, 4096) is None  # another N bucket
+    assert tuning.lookup(SM90, "fused", torch.float16, 2048, 4096) is None  # another dtype
+    assert tuning.lookup(SM90, "online", torch.float32, 2048, 4096) is None  # another family
+
+
+def test_nearest_m_bucket_wins(user_table):
+    small = LaunchConfig.make(2, BLOCK_N=2048, ROWS=1)
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4, small, 0.01),
+                                     ("fused", torch.float32, 2048, 4096, CFG, 0.02)])
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 8).config == small
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 60000).config == CFG
+
+
+@pytest.mark.parametrize("content", ["{not yaml: [", "schema: 99\nentries: {}\n", "- just\n- a list\n",
+                                     "schema: 1\nentries:\n  fused:\n    float32:\n      2048:\n        4096:\n"
+                                     "          config: {BLOCK_N: 20"])
+def test_bad_file_is_skipped_with_one_warning_naming_it(user_table, content):
+    path = user_table / "cuda" / "sm_90.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.warns(RuntimeWarning, match="sm_90.yaml") as caught:
+        assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096) is None
+        assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096) is None
+    assert len([w for w in caught if "sm_90.yaml" in str(w.message)]) == 1
+
+
+def test_bad_file_for_this_device_still_gives_correct_softmax(user_table):
+    info = device_info(torch.device(DEVICE))
+    path = tuning.table_path(user_table, info)
+    path.parent.mkdir(parents=True)
+    path.write_text("schema: 1\nentries: [truncated")
+    x = random_input((8, 300), torch.float32, DEVICE)
+    with pytest.warns(RuntimeWarning, match=path.name):
+        y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y, x)
+
+
+def test_entry_from_another_triton_version_is_used(user_table):
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.01)])
+    path = user_table / "cuda" / "sm_90.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["entries"]["fused"]["float32"][2048][4096]["triton"] = "2.0.0"
+    path.write_text(yaml.safe_dump(doc))
+    tuning.forget()
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096).config == CFG
+
+
+def test_user_directory_is_read_before_shipped_tables(user_table, tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    other = LaunchConfig.make(4, BLOCK_N=2048, ROWS=1)
+    tuning.record(shipped, SM90, [("fused", torch.float32, 2048, 4096, other, 0.03)])
+    monkeypatch.setattr(tuning, "shipped_dir", lambda: shipped)
+    tuning.forget()
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096).config == other
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.01)])
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096).config == CFG
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE_SHIPPED", "0")
+    (user_table / "cuda" / "sm_90.yaml").unlink()
+    tuning.forget()
+    assert tuning.lookup(SM90, "fused", torch.float32, 2048, 4096) is None
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from tritonsoftmax import tuning
+    from tritonsoftmax.config import LaunchConfig
+    from tritonsoftmax.device import DeviceInfo
+    dev = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536)
+    worker = int(sys.argv[2])
+    for i in range(25):
+        cfg = LaunchConfig.make(4, BLOCK=1024 * (worker + 1))
+        tuning.record(Path(sys.argv[1]), dev, [("online", torch.float32, 2 ** (i % 23), 4 ** worker, cfg, 0.1)])
+""")
+
+
+def test_two_processes_writing_at_once_leave_a_valid_file_with_both(user_table):
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(user_table), str(w)], cwd=REPO) for w in (0, 1)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    doc = yaml.safe_load((user_table / "cuda" / "sm_90.yaml").read_text())
+    online = doc["entries"]["online"]["float32"]
+    assert len(online) == 23
+    assert all(set(by_m) == {1, 4} for by_m in online.values()), "an entry of one writer was lost"
+    assert not list((user_table / "cuda").glob("*.tmp")), "a temporary file was left behind"
+
+
+def test_hit_path_launches_stored_config_without_autotuner(user_table, monkeypatch):
+    from tritonsoftmax.kernels import _common
+
+    info = device_info(torch.device(DEVICE))
+    stored = LaunchConfig.make(2, BLOCK_N=1024, ROWS=2)
+    tuning.record(user_table, info, [("fused", torch.float32, 1000, 64, stored, 0.01)])
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    monkeypatch.setattr(_common.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
+    seen = []
+    real = _common.PreparedLaunch.__call__
+    monkeypatch.setattr(_common.PreparedLaunch, "__call__", lambda self, x, y: seen.append(real(self, x, y)))
+    x = random_input((64, 1000), torch.float32, DEVICE)
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    assert seen == [stored]
+
+
+def test_stored_config_that_fails_falls_back_to_autotune(user_table, monkeypatch):
+    info = device_info(torch.device(DEVICE))
+    broken = LaunchConfig.make(2, BLOCK_N=1000, ROWS=1)  # not a power of two: tl.arange rejects it
+    tuning.record(user_table, info, [("fused", torch.float32, 1000, 16, broken, 0.01)])
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    x = random_input((16, 1000), torch.float32, DEVICE)
+    with pytest.warns(RuntimeWarning, match="autotuning instead"):
+        y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y, x)
+
+
+def test_autotune_winner_is_saved_when_asked(user_table, monkeypatch):
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_SAVE", "1")
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    x = random_input((4, 700), torch.float32, DEVICE)
+    assert_softmax_close(tritonsoftmax.softmax(x, impl="online"), x)
+    info = device_info(x.device)
+    assert tuning.lookup(info, "online", torch.float32, 700, 4) is not None
+
+
+def test_tuner_command_writes_a_table(tmp_path):
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--dtypes", "float32", "--n-min", "512",
+                          "--n-max", "1024", "--m", "4", "--rep-ms", "5", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "[2/2]" in run.stdout, run.stdout
+    files = list(out.rglob("*.yaml"))
+    assert len(files) == 1
+    entries = yaml.safe_load(files[0].read_text())["entries"]
+    assert set(entries["fused"]["float32"]) == {512, 1024}
+
+
+def test_shipped_tables_are_inside_the_wheel_and_found_from_it(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(wheel_dir), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = wheel_dir.glob("*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    in_repo = sorted(p.relative_to(REPO / "tune_cache").as_posix() for p in (REPO / "tune_cache").rglob("*.yaml"))
+    in_wheel = sorted(p.relative_to(site / "tritonsoftmax" / "tune_cache").as_posix()
+                      for p in (site / "tritonsoftmax" / "tune_cache").rglob("*.yaml"))
+    assert in_wheel == in_repo
+    assert (site / "tritonsoftmax" / "tune_cache" / "README.md").is_file()
+    probe = subprocess.run([sys.executable, "-c", "from tritonsoftmax import tuning; print(tuning.shipped_dir())"],
+                           cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert Path(probe.stdout.strip()) == site / "tritonsoftmax" / "tune_cache"

@@ -1,0 +1,141 @@
+"""The tuner: ``python -m tritonsoftmax.tune``.
+
+Times every config of a family's search space for each (dtype, N bucket, M) on the current GPU
+and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` layout).
+
+    python -m tritonsoftmax.tune                                 # what `auto` uses, all dtypes, N = 1 .. 8M
+    python -m tritonsoftmax.tune --dtypes float32 --n-max 65536  # a part of it
+    python -m tritonsoftmax.tune --families fused online tile    # every family, not only auto's
+    python -m tritonsoftmax.tune --repo                          # write the checkout's tune_cache/ (to contribute)
+
+By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
+``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
+``TRITON_INTERPRET=1`` is set, and then it times the interpreter (useful for testing only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tritonsoftmax.tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", nargs="+", default=["auto"],
+                    help="'auto' (the family the dispatcher picks for each N) or family names")
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--n-min", type=int, default=1)
+    ap.add_argument("--n-max", type=int, default=8 * 2**20)
+    ap.add_argument("--m", type=int, nargs="+", default=[4096],
+                    help="row counts to tune at (each capped so that M*N <= --max-elements)")
+    ap.add_argument("--max-elements", type=int, default=2**27)
+    ap.add_argument("--rep-ms", type=float, default=25.0, help="do_bench repetition budget per config")
+    dest = ap.add_mutually_exclusive_group()
+    dest.add_argument("--repo", action="store_true", help="write the repository's tune_cache/ (contributing)")
+    dest.add_argument("--out", type=Path, help="write under this directory instead of the user directory")
+    return ap.parse_args(argv)
+
+
+def _timer(rep_ms: float):
+    from .device import interpreter_active
+    from .kernels._common import _interpreter_bench
+
+    if interpreter_active():
+        return lambda fn: _interpreter_bench(fn)
+    import triton
+
+    return lambda fn: triton.testing.do_bench(fn, warmup=5, rep=rep_ms, return_mode="median")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from . import dispatch, tuning
+    from .config import n_bucket
+    from .device import device_info, interpreter_active
+    from .kernels import FAMILY_NAMES, family
+    from .kernels._common import PreparedLaunch
+    from .layout import matrix_problem
+
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+    elif interpreter_active():
+        dev = torch.device("cpu")
+        print("warning: no GPU; timing the Triton interpreter (for testing the tuner only)")
+    else:
+        print("error: the tuner needs a GPU (or TRITON_INTERPRET=1 to exercise it on the CPU)", file=sys.stderr)
+        return 2
+    info = device_info(dev)
+    for name in args.families:
+        if name != "auto" and name not in FAMILY_NAMES:
+            print(f"error: unknown family {name!r}; choose auto or {', '.join(FAMILY_NAMES)}", file=sys.stderr)
+            return 2
+    root = tuning.repo_dir() if args.repo else (args.out or tuning.user_dir())
+    if root is None:
+        print("error: --repo needs a source checkout with a tune_cache/ folder", file=sys.stderr)
+        return 2
+    timer = _timer(args.rep_ms)
+
+    buckets = [b for b in (2**k for k in range(0, 31)) if n_bucket(args.n_min) <= b <= args.n_max]
+    jobs = []
+    for dname in args.dtypes:
+        for N in buckets:
+            for m in args.m:
+                M = max(1, min(m, args.max_elements // N))
+                names = [dispatch.choose(M, N, DTYPES[dname], info).impl] if "auto" in args.families else []
+                names += [f for f in args.families if f != "auto" and f not in names]
+                jobs += [(f, dname, N, M) for f in names if not (f == "fused" and N > 65536)]
+    jobs = list(dict.fromkeys(jobs))
+    covers = (f"{'+'.join(args.families)}; {'/'.join(args.dtypes)}; N {buckets[0]}..{buckets[-1]}; "
+              f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})")
+    print(f"tuning {len(jobs)} shapes on {info.name} ({info.backend}/{info.arch}) -> "
+          f"{tuning.table_path(root, info)}", flush=True)
+
+    start = time.time()
+    results = []
+    gen = torch.Generator().manual_seed(0)
+    for i, (fname, dname, N, M) in enumerate(jobs, 1):
+        dtype = DTYPES[dname]
+        fam = family(fname)
+        x = torch.randn(M, N, generator=gen).to(dev, dtype)
+        y = torch.empty_like(x)
+        problem = matrix_problem(x, y)
+        timings = {}
+        for config in fam.configs(info, M, N):
+            try:
+                launch = PreparedLaunch(fam, problem, config, info)
+                timings[config] = timer(lambda launch=launch: launch(x, y))
+            except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
+                print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        if not timings:
+            print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: no config ran", flush=True)
+            continue
+        best = min(timings, key=timings.get)
+        PreparedLaunch(fam, problem, best, info)(x, y)
+        err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
+        if not err <= 1e-2:
+            print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: best config gave error {err}; not recorded")
+            continue
+        ms = timings[best]
+        results.append((fname, dtype, N, M, best, ms))
+        gbs = 2 * x.numel() * x.element_size() / ms / 1e6
+        print(f"[{i}/{len(jobs)}] {fname:6} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best {best}  "
+              f"{ms * 1e3:9.1f} us {gbs:7.0f} GB/s  ({time.time() - start:.0f} s)", flush=True)
+        del x, y
+        if i % 8 == 0 or i == len(jobs):  # write as we go: a run cut short keeps what it measured
+            tuning.record(root, info, results, covers)
+            results = []
+    if results:
+        tuning.record(root, info, results, covers)
+    print(f"wrote {tuning.table_path(root, info)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

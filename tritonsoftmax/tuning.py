@@ -1,0 +1,204 @@
+"""The tuning store: winning launch configs persisted as YAML, one file per GPU arch.
+
+Layout of a file (``<root>/<backend>/<arch>.yaml``; schema in ``tune_cache/README.md``)::
+
+    schema: 1
+    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0, date: ..., covers: ...}
+    entries:
+      <family>:
+        <dtype>:                # float32 | float16 | bfloat16
+          <N bucket>:           # next power of two of the row length
+            <M bucket>:         # coarse row-count bucket (powers of 4, see config.m_bucket)
+              {config: {BLOCK: 4096, num_warps: 8, num_stages: 1}, ms: 0.0123, triton: 3.6.0}
+
+Two roots are read, user first: the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
+``~/.cache/tritonsoftmax``) and the tables shipped with the package. Files are read once per
+process; a corrupt, truncated or unknown-schema file is skipped with one warning naming it.
+Writes are atomic (temporary file + rename) under an exclusive lock, so two tuners writing the
+same file both keep their entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from .config import LaunchConfig, m_bucket, n_bucket
+from .device import DeviceInfo
+
+SCHEMA = 1
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def user_dir() -> Path:
+    """The user's tuning directory: ``$TRITONSOFTMAX_TUNE_CACHE`` or ``~/.cache/tritonsoftmax``."""
+    env = os.environ.get("TRITONSOFTMAX_TUNE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tritonsoftmax"
+
+
+def repo_dir() -> Path | None:
+    """The checkout's ``tune_cache/`` (when running from a source tree), else None."""
+    path = Path(__file__).resolve().parent.parent / "tune_cache"
+    return path if path.is_dir() else None
+
+
+def shipped_dir() -> Path | None:
+    """The tables shipped with the package: package data in a wheel, the checkout otherwise."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("tritonsoftmax.tune_cache")))
+        if path.is_dir():
+            return path
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    return repo_dir()
+
+
+def table_path(root: Path, device: DeviceInfo) -> Path:
+    return Path(root) / device.backend / f"{device.arch}.yaml"
+
+
+@dataclass(frozen=True)
+class Entry:
+    config: LaunchConfig
+    ms: float | None
+    source: Path
+
+
+_loaded: dict[Path, dict] = {}
+_warned: set[Path] = set()
+
+
+def _read(path: Path) -> dict:
+    """The ``entries`` of one file ({} when absent; {} with one warning when unreadable)."""
+    if path in _loaded:
+        return _loaded[path]
+    entries: dict = {}
+    if path.is_file():
+        try:
+            doc = yaml.safe_load(path.read_text())
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("entries"), dict):
+                raise ValueError(f"unknown schema (expected a mapping with schema: {SCHEMA} and entries)")
+            entries = doc["entries"]
+        except (OSError, yaml.YAMLError, ValueError) as e:
+            if path not in _warned:
+                _warned.add(path)
+                warnings.warn(f"tritonsoftmax: ignoring tuning table {path}: {str(e).splitlines()[0]}",
+                              RuntimeWarning, stacklevel=3)
+            entries = {}
+    _loaded[path] = entries
+    return entries
+
+
+def forget() -> None:
+    """Drop what was read, so the next lookup reads the files again."""
+    _loaded.clear()
+
+
+def roots() -> list[Path]:
+    """Where lookups search, in order: the user directory, then the shipped tables (unless
+    ``TRITONSOFTMAX_TUNE_CACHE_SHIPPED=0``)."""
+    out = [user_dir()]
+    if os.environ.get("TRITONSOFTMAX_TUNE_CACHE_SHIPPED", "1") in ("0", ""):
+        return out
+    shipped = shipped_dir()
+    if shipped is not None and shipped.resolve() != out[0].resolve():
+        out.append(shipped)
+    return out
+
+
+def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int) -> Entry | None:
+    """The stored config for this shape, or None. The N bucket must match; among its M buckets
+    the exact one wins, else the nearest (in powers of 4). The first root that has the N bucket wins."""
+    if dtype not in DTYPE_NAMES:
+        return None
+    nb, mb = n_bucket(N), m_bucket(M)
+    for root in roots():
+        path = table_path(root, device)
+        by_m = _read(path).get(family, {}).get(DTYPE_NAMES[dtype], {}).get(nb)
+        if not isinstance(by_m, dict) or not by_m:
+            continue
+        try:
+            best = min((int(k) for k in by_m), key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
+            item = by_m[best]
+            return Entry(LaunchConfig.from_dict(item["config"]), item.get("ms"), path)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            if path not in _warned:
+                _warned.add(path)
+                warnings.warn(f"tritonsoftmax: ignoring malformed entry in {path}: {e}", RuntimeWarning, stacklevel=2)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    lock = path.with_suffix(path.suffix + ".lock")
+    with open(lock, "a+") as f:
+        try:
+            import fcntl
+
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except ImportError:  # no fcntl (Windows): the rename below is still atomic
+            pass
+        yield
+
+
+def header(device: DeviceInfo, covers: str = "") -> dict:
+    import triton
+
+    return {"device": device.name, "backend": device.backend, "arch": device.arch,
+            "triton": triton.__version__, "torch": torch.__version__.split("+")[0],
+            "date": datetime.date.today().isoformat(), "covers": covers}
+
+
+def record(root: Path, device: DeviceInfo,
+           results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "") -> Path:
+    """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``.
+
+    Atomic and safe against concurrent writers: read-merge-write under an exclusive lock, the new
+    file written beside the old one and renamed over it. Returns the file's path.
+    """
+    import triton
+
+    path = table_path(root, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        doc: dict = {}
+        if path.is_file():
+            try:
+                doc = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError:
+                doc = {}
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+                doc = {}
+        entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
+        for family, dtype, N, M, config, ms in results:
+            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_bucket(N), {})
+            slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
+                                 "triton": triton.__version__}
+        parts = [c for c in str((doc.get("header") or {}).get("covers", "")).split("; ") if c]
+        if covers and covers not in parts:
+            parts.append(covers)
+        new = {"schema": SCHEMA, "header": header(device, "; ".join(parts)), "entries": entries}
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                yaml.safe_dump(new, f, sort_keys=True, default_flow_style=None, width=120)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    _loaded.pop(path, None)
+    return path

@@ -1,0 +1,1 @@
+"""Shipped tuning tables (data only): <backend>/<arch>.yaml, read by tritonsoftmax.tuning."""
