@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for launch in (fam.prepare(problem, entry.config if entry else None, info), tuned):
             launch(x, y)
-            cells += [str(launch.config), f"{gbps(fwd_bytes(M, N, dtype), time_ms(lambda l=launch: l(x, y))):.0f}"]
+            ms = time_ms(lambda p=launch, x=x, y=y: p(x, y))
+            cells += [str(launch.config), f"{gbps(fwd_bytes(M, N, dtype), ms):.0f}"]
         lines.append(f"| {M}×{N} | {dname} | {name} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in fam.configs(info, M, N):
             try:
                 launch = PreparedLaunch(fam, problem, config, info)
-                timings[config] = timer(lambda launch=launch: launch(x, y))
+                timings[config] = timer(lambda launch=launch, x=x, y=y: launch(x, y))
             except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
                 print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
         if not timings:
