@@ -36,7 +36,9 @@ def test_round_trip_and_buckets(user_table):
     path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="test")
     assert path == user_table / "cuda" / "sm_90.yaml"
     doc = yaml.safe_load(path.read_text())
-    assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["covers"] == "test"
+    assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["covers"] == ["test"]
+    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 4096, CFG, 0.02)], covers="test")
+    assert yaml.safe_load(path.read_text())["header"]["covers"] == ["test"], "the same covers twice is kept once"
     hit = tuning.lookup(SM90, "fused", torch.float32, 1500, 5000)  # N 1500 -> bucket 2048, M 5000 -> nearest
     assert hit is not None and hit.config == CFG and hit.ms == pytest.approx(0.0165)
     assert tuning.lookup(SM90, "fused", torch.float32, 2049, 4096) is None  # another N bucket

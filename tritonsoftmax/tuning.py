@@ -3,7 +3,8 @@
 Layout of a file (``<root>/<backend>/<arch>.yaml``; schema in ``tune_cache/README.md``)::
 
     schema: 1
-    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0, date: ..., covers: ...}
+    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0, date: ...,
+             covers: [what each tuner run covered]}
     entries:
       <family>:
         <dtype>:                # float32 | float16 | bfloat16
@@ -154,7 +155,7 @@ def _locked(path: Path):
         yield
 
 
-def header(device: DeviceInfo, covers: str = "") -> dict:
+def header(device: DeviceInfo, covers: list[str]) -> dict:
     import triton
 
     return {"device": device.name, "backend": device.backend, "arch": device.arch,
@@ -187,10 +188,11 @@ def record(root: Path, device: DeviceInfo,
             slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_bucket(N), {})
             slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
                                  "triton": triton.__version__}
-        parts = [c for c in str((doc.get("header") or {}).get("covers", "")).split("; ") if c]
+        parts = (doc.get("header") or {}).get("covers") or []
+        parts = [str(p) for p in (parts if isinstance(parts, list) else [parts])]
         if covers and covers not in parts:
             parts.append(covers)
-        new = {"schema": SCHEMA, "header": header(device, "; ".join(parts)), "entries": entries}
+        new = {"schema": SCHEMA, "header": header(device, parts), "entries": entries}
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
