@@ -37,7 +37,7 @@ def test_round_trip_and_buckets(user_table):
     assert path == user_table / "cuda" / "sm_90.yaml"
     doc = yaml.safe_load(path.read_text())
     assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["covers"] == ["test"]
-    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 4096, CFG, 0.02)], covers="test")
+    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 4096, CFG, 0.02)], covers="test")
     assert yaml.safe_load(path.read_text())["header"]["covers"] == ["test"], "the same covers twice is kept once"
     hit = tuning.lookup(SM90, "fused", torch.float32, 1500, 5000)  # N 1500 -> bucket 2048, M 5000 -> nearest
     assert hit is not None and hit.config == CFG and hit.ms == pytest.approx(0.0165)
