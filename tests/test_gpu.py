@@ -60,3 +60,22 @@ def test_autotuner_runs_and_picks_a_config_from_the_search_space(monkeypatch):
 
     best = LaunchConfig.from_triton(fused.FAMILY.autotuned(info).best_config)
     assert best in fused.FAMILY.configs(info, 4096, 1000)
+
+
+def test_launch_hooks_fire_on_warm_calls():
+    from triton import knobs
+
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("this triton has no HookChain launch hooks")
+    x = random_input((64, 1000), torch.float32, DEVICE)
+    tritonsoftmax.softmax(x)  # cold, then warm below
+    calls = []
+    fn = lambda metadata: calls.append(metadata)  # noqa: E731
+    hook.add(fn)
+    try:
+        y = tritonsoftmax.softmax(x)
+    finally:
+        hook.remove(fn)
+    assert len(calls) == 1
+    assert_softmax_close(y, x)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, save_tuning_enabled
 from ..device import DeviceInfo, device_info, interpreter_active
@@ -105,6 +107,12 @@ class Family:
                                do_bench=bench)(self.kernel)
 
 
+def _no_launch_hooks() -> bool:
+    """True when no launch hook (e.g. a Triton profiler's) is installed."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is None or not getattr(hook, "calls", True)
+
+
 class PreparedLaunch:
     """One family on one RowProblem, ready to start again and again with new tensors.
 
@@ -130,7 +138,11 @@ class PreparedLaunch:
         """Softmax of ``x`` into ``y``; returns the config launched (None when the autotuner chose)."""
         aligned = ((x.data_ptr() | y.data_ptr()) & 15) == 0
         if self._runner is not None and aligned == self._aligned:
-            self._runner(x, y, *self.tail, *self._meta)
+            if _no_launch_hooks():  # start the compiled kernel with nothing in between
+                self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None, None,
+                          x, y, *self.tail, *self._meta)
+            else:  # a profiler's hooks are installed: Triton's runner calls them
+                self._runner(x, y, *self.tail, *self._meta)
             return self.config
         if self.config is None:
             return self._autotune(x, y)
@@ -152,7 +164,11 @@ class PreparedLaunch:
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             meta = dict(self.config.meta)
             self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
-            self._runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # the runner wants 3 dims
+            self._grid3 = tuple(grid) + (1,) * (3 - len(grid))
+            self._runner = compiled[self._grid3]  # loads the module on the device
+            self._run, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
+            self._stream = driver.active.get_current_stream
+            self._dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
             self._aligned = aligned
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor) -> None:
