@@ -21,6 +21,7 @@ else:
 # Hermetic: the suite never reads or writes the user's tuning directory.
 os.environ["TRITONSOFTMAX_TUNE_CACHE"] = tempfile.mkdtemp(prefix="tritonsoftmax-test-tune-")
 os.environ.pop("TRITONSOFTMAX_TUNE_SAVE", None)
+os.environ["HIP_REFERENCE_CACHE"] = tempfile.mkdtemp(prefix="tritonsoftmax-test-hipref-")
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
