@@ -1,0 +1,142 @@
+"""Every softmax the sweep compares, behind one signature.
+
+``prepare(name, x)`` returns a zero-argument callable computing the softmax of ``x`` over its last
+dim, or raises :class:`Unavailable` with a one-line reason (library missing, GPU only, shape not
+supported). Peer libraries are imported lazily; set ``TRITONSOFTMAX_PEERS_SITE`` (or pass
+``--peers-site``) to a folder made by ``install-peers.sh`` to make them importable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+OURS = ("auto", "fused", "tile", "online")
+REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
+PEERS = ("torch", "compile", "tutorial", "naive", "liger", "flaggems", "quack")
+ALL = OURS + REFERENCE + PEERS
+LABELS = {"auto": "tritonsoftmax", "fused": "ts-fused", "tile": "ts-tile", "online": "ts-online", "copy": "copy",
+          "torch": "torch.softmax", "compile": "torch.compile", "tutorial": "Triton tutorial", "naive": "naive torch",
+          "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK"}
+
+
+class Unavailable(Exception):
+    """This provider cannot run this input; the message says why in one line."""
+
+
+def add_peers_site(path: str | None = None) -> None:
+    """Make the libraries unpacked by install-peers.sh importable (no-op without a path)."""
+    path = path or os.environ.get("TRITONSOFTMAX_PEERS_SITE")
+    if not path or not os.path.isdir(path):
+        return
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        import peers_site
+
+        peers_site.add(path)
+    except ImportError:
+        pass
+
+
+@triton.jit
+def _tutorial_softmax_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n_cols, BLOCK: tl.constexpr):
+    """The Triton tutorial's fused softmax: a persistent loop over rows, one whole row in registers.
+
+    x_ptr, y_ptr: input/output; *_row_stride: element stride between rows; BLOCK >= n_cols.
+    """
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        z = x - tl.max(x, axis=0)
+        num = tl.exp(z)
+        y = num / tl.sum(num, axis=0)
+        tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _tutorial(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    M, N = x.shape
+    if N > 65536:
+        raise Unavailable("the tutorial kernel holds the whole row in registers (N > 65536)")
+    block = triton.next_power_of_2(N)
+    warps = 4 if block < 2048 else 8 if block < 4096 else 16
+    programs = min(M, 8 * torch.cuda.get_device_properties(x.device).multi_processor_count) if x.is_cuda else M
+
+    def run():
+        y = torch.empty_like(x)
+        _tutorial_softmax_kernel[(programs,)](x, y, x.stride(0), y.stride(0), M, N, BLOCK=block, num_warps=warps)
+        return y
+
+    return run
+
+
+def _naive(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def run():
+        x_max = x.max(dim=1)[0]
+        z = x - x_max[:, None]
+        num = torch.exp(z)
+        den = num.sum(dim=1)
+        return num / den[:, None]
+
+    return run
+
+
+_compiled = None
+
+
+def _compile(x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    global _compiled
+    if not x.is_cuda:
+        raise Unavailable("torch.compile is compared on the GPU only")
+    if _compiled is None:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = 256  # one graph per benchmarked shape
+        _compiled = torch.compile(lambda t: torch.softmax(t, -1), dynamic=False)
+    return lambda: _compiled(x)
+
+
+def _peer(module: str, x: torch.Tensor):
+    if not x.is_cuda:
+        raise Unavailable(f"{module} runs on the GPU only")
+    add_peers_site()
+    try:
+        return __import__(module, fromlist=["_"])
+    except Exception as e:  # ImportError, or a library that fails while importing
+        raise Unavailable(f"{module} not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
+
+
+def prepare(name: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A callable computing softmax(x, -1) with provider ``name`` (x: 2-D, contiguous)."""
+    if name in OURS:
+        import tritonsoftmax
+
+        if name == "fused" and x.shape[1] > 65536:
+            raise Unavailable("fused holds the whole row on chip (N > 65536)")
+        return lambda: tritonsoftmax.softmax(x, impl=name)
+    if name == "copy":
+        y = torch.empty_like(x)
+        return lambda: y.copy_(x)
+    if name == "torch":
+        return lambda: torch.softmax(x, -1)
+    if name == "naive":
+        return _naive(x)
+    if name == "tutorial":
+        return _tutorial(x)
+    if name == "compile":
+        return _compile(x)
+    if name == "liger":
+        fn = _peer("liger_kernel.ops.softmax", x).LigerSoftmaxFunction
+        return lambda: fn.apply(x)
+    if name == "flaggems":
+        fn = _peer("flag_gems.ops.softmax", x).softmax
+        return lambda: fn(x, -1)
+    if name == "quack":
+        fn = _peer("quack.softmax", x).softmax_fwd
+        return lambda: fn(x)
+    raise ValueError(f"unknown provider {name!r}; choose from {', '.join(ALL)}")

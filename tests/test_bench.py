@@ -1,0 +1,39 @@
+"""The benchmark sweep runs end to end (on the CPU under the interpreter) and merges its parts."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HAS_GPU
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _sweep(out, *args):
+    run = subprocess.run([sys.executable, "-m", "bench.sweep", "--out", str(out), *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU pipeline check; on a GPU the sweep is run by hand")
+def test_cpu_sweep_writes_plots_csvs_and_a_merged_summary(tmp_path):
+    first = _sweep(tmp_path, "--plots", "m64", "--providers", "auto", "fused", "torch", "copy", "liger")
+    assert "measure the interpreter, not a GPU" in first
+    _sweep(tmp_path, "--plots", "few-16384", "--providers", "auto", "online", "naive")
+    for name in ("m64-float32.png", "m64-float32.csv", "few-16384-float32.png", "few-16384-float32.csv"):
+        assert (tmp_path / name).is_file(), name
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("python -m bench.sweep") == 2, "both parts' commands are listed"
+    assert "## m64, float32" in summary and "## few-16384, float32" in summary
+    assert "time the Triton interpreter" in summary
+    assert "liger: liger_kernel.ops.softmax runs on the GPU only" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| 64×1024"))
+    assert "–" not in row.split("|")[1:4], "auto, fused and torch all measured"
+
+
+def test_bwd_mode_says_it_is_not_there_yet(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "bench.sweep", "--mode", "bwd", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "backward" in run.stderr
