@@ -91,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick or not on_gpu
     dtypes = args.dtype or (["float32", "float16", "bfloat16"] if on_gpu else ["float32"])
     if args.preset == "design":
+        if not on_gpu:
+            print("error: the design preset's shapes (up to 4 GiB) need a GPU; without one use --quick",
+                  file=sys.stderr)
+            return 2
         plots = _design_plots(dtypes)
         suite = "peers"
     else:
