@@ -61,6 +61,7 @@ def _parse(argv):
     ap.add_argument("--preset", choices=["grid", "design"], default="grid")
     ap.add_argument("--plots", nargs="+", help=f"subset of the grid's plots: {', '.join(PLOTS)}")
     ap.add_argument("--dtype", nargs="+", default=None, choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--shapes", nargs="+", help="keep only these MxN points of the chosen plots (e.g. 4x1048576)")
     ap.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
     ap.add_argument("--providers", nargs="+", default=list(ALL), choices=list(ALL))
     ap.add_argument("--quick", action="store_true", help="a small grid (always on without a GPU)")
@@ -105,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         plots = {k: v for k, v in grid.items() if not args.plots or k in args.plots}
         suite = f"sweep-{args.mode}"
+    if args.shapes:
+        keep = {tuple(map(int, s.lower().split("x"))) for s in args.shapes}
+        plots = {k: {**v, "shapes": [sh for sh in v["shapes"] if sh in keep]} for k, v in plots.items()}
+        plots = {k: v for k, v in plots.items() if v["shapes"]}
+        if not plots:
+            print("error: --shapes matches no point of the chosen plots", file=sys.stderr)
+            return 2
     slug = info.slug if on_gpu else "cpu-interpreter"
     out = Path(args.out or f"bench/results/{slug}/{suite}")
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     skipped: dict[str, str] = {}
     part = "-".join([args.preset, *plots, *dtypes]) + ("-quick" if quick and args.preset == "grid" else "")
+    if args.shapes:
+        part += "-" + "-".join(sorted(args.shapes))
     command = " ".join(["python -m bench.sweep", *(argv if argv is not None else sys.argv[1:])])
     meta = {"command": command, "device": info.name, "torch": torch.__version__, "triton": triton.__version__,
             "repeats": repeats, "rep_ms": args.rep_ms, "interpreter": not on_gpu,
@@ -222,30 +232,37 @@ def write_summary(out: Path) -> str:
     """Rebuild ``summary.md`` from every points-*.json in ``out`` (parts of one grid merge here)."""
     from bench.peers import ALL, LABELS
 
-    parts = [json.loads(p.read_text()) for p in sorted(out.glob("points-*.json"))]
-    lines = ["Commands (each a part of this suite; all parts' points are below):", ""]
-    lines += [f"- `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on {p['meta']['device']}, "
-              f"torch {p['meta']['torch']}, triton {p['meta']['triton']}, {p['meta']['repeats']} interleaved "
-              f"rounds x do_bench {p['meta']['rep_ms']} ms" for p in parts]
+    files = sorted(out.glob("points-*.json"), key=lambda p: (p.stat().st_mtime, p.name))
+    parts = [json.loads(p.read_text()) for p in files]
+    lines = ["Commands (each a part of this suite; a point measured by several parts shows the latest, "
+             "and the `run` column names the command):", ""]
+    lines += [f"{i}. `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on "
+              f"{p['meta']['device']}, torch {p['meta']['torch']}, triton {p['meta']['triton']}, "
+              f"{p['meta']['repeats']} interleaved rounds x do_bench {p['meta']['rep_ms']} ms"
+              for i, p in enumerate(parts, 1)]
     if any(p["meta"]["interpreter"] for p in parts):
         lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
     lines += ["", "GB/s = (bytes read + bytes written) / median time. `vs best` = tritonsoftmax (auto) / the best "
               "peer (every line but ours and copy)."]
-    points = [pt for p in parts for pt in p["points"]]
+    latest: dict[tuple, dict] = {}
+    for i, p in enumerate(parts, 1):
+        for pt in p["points"]:
+            latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i}
+    points = list(latest.values())
     for plot in dict.fromkeys(pt["plot"] for pt in points):
         for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
             pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
             names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
             lines += ["", f"## {plot}, {dname}", "",
-                      "| M×N | " + " | ".join(LABELS[n] for n in names) + " | best peer | vs best |",
-                      "| --- |" + " --- |" * (len(names) + 2)]
+                      "| M×N | " + " | ".join(LABELS[n] for n in names) + " | best peer | vs best | run |",
+                      "| --- |" + " --- |" * (len(names) + 3)]
             for pt in pts:
                 cells = [_fmt(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
                 best = _best_peer(pt["gbps"])
                 ours = pt["gbps"].get("auto")
                 vs = f"{ours / best[1]:.2f}" if ours and best else "–"
                 lines.append(f"| {pt['M']}×{pt['N']} | " + " | ".join(cells) +
-                             f" | {LABELS[best[0]] + ' ' + _fmt(best[1]) if best else '–'} | {vs} |")
+                             f" | {LABELS[best[0]] + ' ' + _fmt(best[1]) if best else '–'} | {vs} | {pt['run']} |")
     skipped = {k: v for p in parts for k, v in p["meta"]["skipped"].items()}
     if skipped:
         reasons: dict[str, list[str]] = {}

@@ -31,6 +31,12 @@ def test_rule_table_on_h200(N, impl):
     assert dispatch.choose(4096, N, torch.float32, SM90).impl == impl
 
 
+@pytest.mark.parametrize("M,N,impl", [(1, 8388608, "split"), (32, 152064, "split"), (263, 65536, "split"),
+                                      (264, 65536, "online"), (8, 16384, "fused")])
+def test_few_long_rows_go_to_split_by_row_count_and_sm_count(M, N, impl):
+    assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
+
+
 def test_every_rule_says_why():
     assert all(rule.why for rule in dispatch.RULES)
     assert dispatch.RULES[-1].holds(dispatch.Shape(1, 10**9, torch.float32, SM90))

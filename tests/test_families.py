@@ -7,9 +7,9 @@ from softmax_ref import assert_softmax_close, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, online, tile
+from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, online, split, tile
 
-LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch}
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch}
 NS = [1, 2, 3, 17, 128, 1000, 1024, 4097, 20000]
 MS = [1, 3, 64]
 DTYPES = [torch.float32, torch.float16]
@@ -39,6 +39,7 @@ EXPLICIT = {
               LaunchConfig.make(2, BLOCK_N=128, ROWS=2)],
     "tile": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
+    "split": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4), LaunchConfig.make(2, BLOCK=16, TILES=1, BLOCK_G=16)],
 }
 
 
@@ -74,6 +75,21 @@ def test_launcher_writes_into_strided_output(impl):
     LAUNCHERS[impl](x, y)
     assert_softmax_close(y, x)
     assert big[:, :100].isnan().all() and big[:, 400:].isnan().all(), "wrote outside the output view"
+
+
+def test_split_rejects_config_with_too_few_partial_slots():
+    x = random_input((2, 300), torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="BLOCK_G"):
+        split.launch(x, poisoned_like(x), LaunchConfig.make(1, BLOCK=32, TILES=1, BLOCK_G=4))
+
+
+def test_split_chunk_of_all_neg_inf_does_not_poison_row():
+    x = random_input((3, 256), torch.float32, DEVICE)
+    x[:, 64:128] = float("-inf")  # exactly one whole chunk of the config below
+    x[2] = float("-inf")  # and a row of all -inf: NaN like torch
+    y = poisoned_like(x)
+    split.launch(x, y, LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4))
+    assert_softmax_close(y, x)
 
 
 def test_online_masked_prefix_does_not_poison_row():

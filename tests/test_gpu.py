@@ -7,10 +7,10 @@ from softmax_ref import TOL, assert_softmax_close, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, tile
+from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, split, tile
 
 pytestmark = pytest.mark.gpu
-LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch}
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch}
 
 
 @pytest.mark.parametrize("M,N", [(1, 1), (3, 17), (64, 1000), (4096, 256), (8, 2048), (32, 8192), (7, 16384)])
@@ -25,7 +25,7 @@ def test_bf16_every_family(impl, M, N):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 4096), (1024, 16384), (64, 65536), (4, 1048576), (1, 8388608),
                                  (2, 3000017)])
-@pytest.mark.parametrize("impl", ["auto", "tile", "online"])
+@pytest.mark.parametrize("impl", ["auto", "tile", "online", "split"])
 def test_long_rows(impl, M, N, dtype):
     x = random_input((M, N), dtype, DEVICE, seed=N)
     assert_softmax_close(tritonsoftmax.softmax(x, impl=impl), x)

@@ -52,7 +52,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
 
     fp32/fp16/bf16 tensors on a GPU (or on the CPU under ``TRITON_INTERPRET=1``) run Triton
     kernels, math in fp32; float64 and other CPU tensors are computed by ``torch.softmax``.
-    ``impl`` is "auto" (the dispatcher), "fused", "tile" or "online".
+    ``impl`` is "auto" (the dispatcher), "fused", "tile", "online" or "split".
 
     Example::
 

@@ -23,6 +23,10 @@ IMPLS = ("auto",) + FAMILY_NAMES
 # programs per SM keeps enough loads in flight; with 64K registers per SM it allows rows up to
 # 16384 elements. Set from the first H200 run (bench/NOTES.md): fused beats online up to 16K.
 FUSED_PROGRAMS_PER_SM = 4
+# Fewer rows than this many per SM leave most of the GPU idle with one program per row: spread
+# each row over many programs instead. H200 design table: online (one program a row) reaches
+# 0.03-0.31x the best peer at 1..32 rows of 131072..8M elements.
+FEW_ROWS_PER_SM = 2
 
 
 def fused_capacity(device: DeviceInfo) -> int:
@@ -51,7 +55,9 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
-    Rule("online", "longer rows: one (max, sum) pass and one write pass, two reads per element",
+    Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
+         lambda s: s.M < FEW_ROWS_PER_SM * s.device.sm_count),
+    Rule("online", "many long rows: one (max, sum) pass and one write pass, two reads per element",
          lambda s: True),
 )
 

@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     from .config import n_bucket
     from .device import device_info, interpreter_active
     from .kernels import FAMILY_NAMES, family
-    from .kernels._common import PreparedLaunch
     from .layout import matrix_problem
 
     if torch.cuda.is_available():
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = {}
         for config in fam.configs(info, M, N):
             try:
-                launch = PreparedLaunch(fam, problem, config, info)
+                launch = fam.prepare(problem, config, info)
                 timings[config] = timer(lambda launch=launch, x=x, y=y: launch(x, y))
             except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
                 print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: no config ran", flush=True)
             continue
         best = min(timings, key=timings.get)
-        PreparedLaunch(fam, problem, best, info)(x, y)
+        fam.prepare(problem, best, info)(x, y)
         err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
         if not err <= 1e-2:
             print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: best config gave error {err}; not recorded")

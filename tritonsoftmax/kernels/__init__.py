@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-FAMILY_NAMES = ("fused", "tile", "online")
+FAMILY_NAMES = ("fused", "tile", "online", "split")
 
 _loaded: dict = {}
 

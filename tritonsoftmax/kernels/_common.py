@@ -134,33 +134,35 @@ class PreparedLaunch:
         self._runner = None
         self._aligned = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LaunchConfig | None:
-        """Softmax of ``x`` into ``y``; returns the config launched (None when the autotuner chose)."""
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor) -> LaunchConfig | None:
+        """Softmax of ``x`` into ``y``; returns the config launched (None when the autotuner chose).
+
+        ``extra``: further tensors the family's kernel takes after ``y`` (e.g. a workspace)."""
         aligned = ((x.data_ptr() | y.data_ptr()) & 15) == 0
         if self._runner is not None and aligned == self._aligned:
             if _no_launch_hooks():  # start the compiled kernel with nothing in between
                 self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None, None,
-                          x, y, *self.tail, *self._meta)
+                          x, y, *extra, *self.tail, *self._meta)
             else:  # a profiler's hooks are installed: Triton's runner calls them
-                self._runner(x, y, *self.tail, *self._meta)
+                self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
         if self.config is None:
-            return self._autotune(x, y)
+            return self._autotune(x, y, extra)
         try:
-            self._launch_config(x, y, aligned)
+            self._launch_config(x, y, extra, aligned)
         except Exception as e:
             if not self.from_store:
                 raise
             warnings.warn(f"tritonsoftmax: stored config ({self.config}) for {self.family.name} failed "
                           f"({type(e).__name__}: {e}); autotuning instead", RuntimeWarning, stacklevel=2)
             self.config, self.from_store = None, False
-            return self._autotune(x, y)
+            return self._autotune(x, y, extra)
         return self.config
 
-    def _launch_config(self, x: torch.Tensor, y: torch.Tensor, aligned: bool) -> None:
+    def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
         grid = self.family.grid(self.problem.M, self.problem.N, kwargs)
-        compiled = self.family.kernel[grid](x, y, *self.tail, **kwargs)
+        compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             meta = dict(self.config.meta)
             self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
@@ -171,10 +173,10 @@ class PreparedLaunch:
             self._dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
             self._aligned = aligned
 
-    def _autotune(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N
         tuner = self.family.autotuned(self.device)
-        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *self.tail)
+        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *extra, *self.tail)
         self.config = LaunchConfig.from_triton(tuner.best_config)
         if save_tuning_enabled():
             timings = getattr(tuner, "configs_timings", None) or {}
