@@ -68,6 +68,8 @@ def _parse(argv):
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (GPU default 3)")
     ap.add_argument("--rep-ms", type=float, default=30.0, help="do_bench budget per measurement")
     ap.add_argument("--peers-site", default=None, help="folder made by install-peers.sh")
+    ap.add_argument("--merge-only", action="store_true",
+                    help="measure nothing: rebuild summary.md, PNGs and CSVs from the parts already in --out")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "bwd":
         print("error: --mode bwd needs tritonsoftmax's backward, which does not exist yet", file=sys.stderr)
         return 2
+    if args.merge_only:
+        if not args.out:
+            print("error: --merge-only needs --out", file=sys.stderr)
+            return 2
+        print(merge(Path(args.out)))
+        return 0
     if args.peers_site:
         os.environ["TRITONSOFTMAX_PEERS_SITE"] = args.peers_site
     import triton
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m bench.sweep", *(argv if argv is not None else sys.argv[1:])])
     meta = {"command": command, "device": info.name, "torch": torch.__version__, "triton": triton.__version__,
             "repeats": repeats, "rep_ms": args.rep_ms, "interpreter": not on_gpu,
-            "autotune": os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1"), "skipped": skipped}
+            "autotune": os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1"), "skipped": skipped,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     def save() -> None:
         (out / f"points-{part}.json").write_text(json.dumps({"meta": meta, "points": points}, indent=1))
@@ -224,6 +233,34 @@ def _plot(points: list[dict], plots: dict, out: Path) -> None:
             report.run(save_path=str(out), print_data=False, show_plots=False)
 
 
+def merge(out: Path) -> str:
+    """Rebuild the plots (latest point per shape across parts) and summary.md of ``out``."""
+    points = _latest_points(out)
+    specs = {**PLOTS, **QUICK_PLOTS, "design": {"x": "point", "log": False}}
+    plots = {}
+    for plot in dict.fromkeys(pt["plot"] for pt in points):
+        shapes = sorted({(pt["M"], pt["N"]) for pt in points if pt["plot"] == plot}, key=lambda s: (s[1], s[0]))
+        plots[plot] = {**specs[plot], "shapes": shapes}
+    order = {plot: {sh: i for i, sh in enumerate(spec["shapes"])} for plot, spec in plots.items()}
+    points.sort(key=lambda pt: order[pt["plot"]][(pt["M"], pt["N"])])
+    _plot(points, plots, out)
+    return write_summary(out)
+
+
+def _parts(out: Path) -> list[dict]:
+    """The parts in ``out``, oldest first (by the time each run started)."""
+    parts = [json.loads(p.read_text()) for p in sorted(out.glob("points-*.json"))]
+    return sorted(parts, key=lambda p: p["meta"].get("started", ""))
+
+
+def _latest_points(out: Path) -> list[dict]:
+    latest: dict[tuple, dict] = {}
+    for i, part in enumerate(_parts(out), 1):
+        for pt in part["points"]:
+            latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i}
+    return list(latest.values())
+
+
 def _fmt(v: float) -> str:
     return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
@@ -232,8 +269,7 @@ def write_summary(out: Path) -> str:
     """Rebuild ``summary.md`` from every points-*.json in ``out`` (parts of one grid merge here)."""
     from bench.peers import ALL, LABELS
 
-    files = sorted(out.glob("points-*.json"), key=lambda p: (p.stat().st_mtime, p.name))
-    parts = [json.loads(p.read_text()) for p in files]
+    parts = _parts(out)
     lines = ["Commands (each a part of this suite; a point measured by several parts shows the latest, "
              "and the `run` column names the command):", ""]
     lines += [f"{i}. `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on "
@@ -244,11 +280,7 @@ def write_summary(out: Path) -> str:
         lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
     lines += ["", "GB/s = (bytes read + bytes written) / median time. `vs best` = tritonsoftmax (auto) / the best "
               "peer (every line but ours and copy)."]
-    latest: dict[tuple, dict] = {}
-    for i, p in enumerate(parts, 1):
-        for pt in p["points"]:
-            latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i}
-    points = list(latest.values())
+    points = _latest_points(out)
     for plot in dict.fromkeys(pt["plot"] for pt in points):
         for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
             pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
