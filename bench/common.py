@@ -16,9 +16,22 @@ DESIGN_FWD_SHAPES = {
 }
 
 
+# The design notes' backward table (M, N).
+DESIGN_BWD_SHAPES = {
+    torch.float32: [(4096, 1024), (4096, 16384), (4096, 65536), (4096, 262144), (65536, 2048), (8, 131072),
+                    (4, 1048576)],
+    torch.bfloat16: [(4096, 65536), (4, 1048576)],
+}
+
+
 def fwd_bytes(M: int, N: int, dtype: torch.dtype) -> int:
     """Bytes a forward softmax must move: read x once, write y once."""
     return 2 * M * N * torch.finfo(dtype).bits // 8
+
+
+def bwd_bytes(M: int, N: int, dtype: torch.dtype) -> int:
+    """Bytes a softmax backward must move: read dy and y, write dx."""
+    return 3 * M * N * torch.finfo(dtype).bits // 8
 
 
 def gbps(nbytes: int, ms: float) -> float:

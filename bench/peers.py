@@ -112,6 +112,43 @@ def _peer(module: str, x: torch.Tensor):
         raise Unavailable(f"{module} not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
 
 
+def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A callable computing softmax's input gradient from the saved output ``y`` = softmax(x, -1)
+    and the incoming gradient ``dy`` (all 2-D, contiguous); raises Unavailable like ``prepare``."""
+    if name in OURS:
+        from tritonsoftmax import api
+
+        if name == "fused" and x.shape[1] > 65536:
+            raise Unavailable("fused holds the whole row on chip (N > 65536)")
+        return lambda: api.backward(dy, y, -1, name, 1.0, False, x.dtype)
+    if name == "copy":  # the same bytes: read two tensors, write one
+        out = torch.empty_like(x)
+        return lambda: torch.add(dy, y, out=out)
+    if name == "torch":
+        return lambda: torch._softmax_backward_data(dy, y, -1, x.dtype)
+    if name == "naive":
+        return lambda: y * (dy - (dy * y).sum(-1, keepdim=True))
+    if name == "compile":
+        if not x.is_cuda:
+            raise Unavailable("torch.compile is compared on the GPU only")
+        fn = torch.compile(lambda dy, y: y * (dy - (dy * y).sum(-1, keepdim=True)), dynamic=False)
+        return lambda: fn(dy, y)
+    if name == "tutorial":
+        raise Unavailable("the tutorial kernel has no backward")
+    if name == "liger":  # no public backward entry: its autograd Function, on its own forward output
+        fn = _peer("liger_kernel.ops.softmax", x).LigerSoftmaxFunction
+        xg = x.detach().requires_grad_()
+        out = fn.apply(xg)
+        return lambda: torch.autograd.grad(out, xg, dy, retain_graph=True)[0]
+    if name == "flaggems":
+        fn = _peer("flag_gems.ops.softmax", x).softmax_backward
+        return lambda: fn(dy, y, -1, x.dtype)
+    if name == "quack":
+        fn = _peer("quack.softmax", x).softmax_bwd
+        return lambda: fn(dy, y)
+    raise ValueError(f"unknown provider {name!r}; choose from {', '.join(ALL)}")
+
+
 def prepare(name: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
     """A callable computing softmax(x, -1) with provider ``name`` (x: 2-D, contiguous)."""
     if name in OURS:

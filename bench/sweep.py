@@ -45,10 +45,11 @@ QUICK_PLOTS = {
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
 
-def _design_plots(dtypes: list[str]) -> dict:
-    from bench.common import DESIGN_FWD_SHAPES
+def _design_plots(dtypes: list[str], mode: str) -> dict:
+    from bench.common import DESIGN_BWD_SHAPES, DESIGN_FWD_SHAPES
 
-    shapes = sorted({s for d in dtypes for s in DESIGN_FWD_SHAPES.get(getattr(torch, d), [])},
+    table = DESIGN_FWD_SHAPES if mode == "fwd" else DESIGN_BWD_SHAPES
+    shapes = sorted({s for d in dtypes for s in table.get(getattr(torch, d), [])},
                     key=lambda s: (s[1], s[0]))
     return {"design": {"x": "point", "shapes": shapes, "log": False}}
 
@@ -79,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     if not on_gpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     args = _parse(argv)
-    if args.mode == "bwd":
-        print("error: --mode bwd needs tritonsoftmax's backward, which does not exist yet", file=sys.stderr)
-        return 2
     if args.merge_only:
         if not args.out:
             print("error: --merge-only needs --out", file=sys.stderr)
@@ -93,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from bench import peers
-    from bench.common import fwd_bytes, gbps, time_ms
+    from bench.common import bwd_bytes, fwd_bytes, gbps, time_ms
     from tritonsoftmax.device import device_info
 
     info = device_info(torch.device("cuda" if on_gpu else "cpu"))
@@ -104,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the design preset's shapes (up to 4 GiB) need a GPU; without one use --quick",
                   file=sys.stderr)
             return 2
-        plots = _design_plots(dtypes)
-        suite = "peers"
+        plots = _design_plots(dtypes, args.mode)
+        suite = "peers" if args.mode == "fwd" else "peers-bwd"
     else:
         grid = QUICK_PLOTS if quick else PLOTS
         unknown = set(args.plots or []) - set(grid)
@@ -151,14 +149,19 @@ def main(argv: list[str] | None = None) -> int:
             for M, N in spec["shapes"]:
                 done += 1
                 x = torch.randn(M, N, device="cuda" if on_gpu else "cpu", dtype=dtype)
-                ref = torch.softmax(x.double(), -1)
+                if args.mode == "fwd":
+                    ref = torch.softmax(x.double(), -1)
+                else:
+                    y = torch.softmax(x.float(), -1).to(dtype)
+                    dy = torch.randn_like(x)
+                    ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
                 fns = {}
                 for name in args.providers:
                     try:
-                        fn = peers.prepare(name, x)
-                        y = fn()
+                        fn = peers.prepare(name, x) if args.mode == "fwd" else peers.prepare_backward(name, x, y, dy)
+                        out_ = fn()
                         if name != "copy":
-                            err = (y.double() - ref).abs().max().item()
+                            err = (out_.double() - ref).abs().max().item()
                             if not err <= TOL[dtype]:
                                 raise peers.Unavailable(f"wrong result (max abs error {err:.2e})")
                         fns[name] = fn
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(repeats):
                     for name, fn in fns.items():
                         times[name].append(time_ms(fn, warmup_ms=5, rep_ms=args.rep_ms))
-                nbytes = fwd_bytes(M, N, dtype)
+                nbytes = fwd_bytes(M, N, dtype) if args.mode == "fwd" else bwd_bytes(M, N, dtype)
                 rec = {"plot": plot, "dtype": dname, "M": M, "N": N,
                        "gbps": {n: float(f"{gbps(nbytes, statistics.median(t)):.4g}") for n, t in times.items()}}
                 points.append(rec)
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{done}/{total}] {plot} {dname} {M}x{N}: auto {ours} GB/s {ratio} ({elapsed:.0f} s)",
                       flush=True)
                 del x, ref, fns
+                if args.mode == "bwd":
+                    del y, dy
                 if on_gpu:
                     torch.cuda.empty_cache()
                 save()  # after every point: a run cut short keeps what it measured
@@ -278,8 +283,9 @@ def write_summary(out: Path) -> str:
               for i, p in enumerate(parts, 1)]
     if any(p["meta"]["interpreter"] for p in parts):
         lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
-    lines += ["", "GB/s = (bytes read + bytes written) / median time. `vs best` = tritonsoftmax (auto) / the best "
-              "peer (every line but ours and copy)."]
+    lines += ["", "GB/s = (bytes read + bytes written) / median time (forward: x read, y written; backward: dy "
+              "and y read, dx written). `vs best` = tritonsoftmax (auto) / the best peer (every line but ours and "
+              "copy; in the backward, copy is a two-input add)."]
     points = _latest_points(out)
     for plot in dict.fromkeys(pt["plot"] for pt in points):
         for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):

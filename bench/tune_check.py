@@ -71,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         fam = dispatch.family(name)
         entry = tuning.lookup(info, name, dtype, N, M)
         problem = matrix_problem(x, y)
-        tuned = fam.prepare(problem, None, info)
-        tuned(x, y)
+        flags = {"LOG": 0, "ZERO_MASKED": 0}
+        tuned = fam.prepare(problem, None, info, flags=flags)
+        tuned(x, y, 1.0)
         cells = []
-        for launch in (fam.prepare(problem, entry.config if entry else None, info), tuned):
-            launch(x, y)
-            ms = time_ms(lambda p=launch, x=x, y=y: p(x, y))
+        for launch in (fam.prepare(problem, entry.config if entry else None, info, flags=flags), tuned):
+            launch(x, y, 1.0)
+            ms = time_ms(lambda p=launch, x=x, y=y: p(x, y, 1.0))
             cells += [str(launch.config), f"{gbps(fwd_bytes(M, N, dtype), ms):.0f}"]
         lines.append(f"| {M}×{N} | {dname} | {name} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)

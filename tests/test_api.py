@@ -41,9 +41,9 @@ def _spy_launches(monkeypatch) -> dict:
     seen = {}
     real = PreparedLaunch.__call__
 
-    def spy(self, x, y):
+    def spy(self, x, y, *extra):
         seen["ptr"], seen["problem"] = x.data_ptr(), self.problem
-        return real(self, x, y)
+        return real(self, x, y, *extra)
 
     monkeypatch.setattr(PreparedLaunch, "__call__", spy)
     return seen
@@ -184,7 +184,7 @@ def test_warm_call_reuses_the_prepared_launch_and_stays_correct():
 
     x = random_input((6, 700), torch.float32, DEVICE, seed=1)
     first = tritonsoftmax.softmax(x, impl="online")
-    key = api._signature(x, -1, None, "online")
+    key = api._signature(x, -1, None, "online", False, False)
     if DEVICE == "cpu":
         assert key not in api._prepared, "under the interpreter every call takes the cold path"
     else:

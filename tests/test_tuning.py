@@ -137,7 +137,7 @@ def test_hit_path_launches_stored_config_without_autotuner(user_table, monkeypat
     monkeypatch.setattr(_common.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
     seen = []
     real = _common.PreparedLaunch.__call__
-    monkeypatch.setattr(_common.PreparedLaunch, "__call__", lambda self, x, y: seen.append(real(self, x, y)))
+    monkeypatch.setattr(_common.PreparedLaunch, "__call__", lambda self, x, y, *e: seen.append(real(self, x, y, *e)))
     x = random_input((64, 1000), torch.float32, DEVICE)
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     assert seen == [stored]

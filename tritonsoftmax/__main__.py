@@ -69,6 +69,23 @@ def main() -> int:
                 failures += not ok
                 print(f"  {'ok  ' if ok else 'FAIL'} {impl:7} {str(dtype)[6:]:8} {M:>5} x {N:<6} "
                       f"max err {err:.1e} {speed}")
+    for log in (False, True):  # gradients through autograd (the custom operator), auto dispatch
+        for M, N in [(7, 17), (3, 4097)] + ([(4, 1048576)] if on_gpu else []):
+            x = (torch.randn(M, N, generator=gen) * 4).to(dev).requires_grad_()
+            dy = torch.randn(M, N, generator=gen).to(dev)
+            fn = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+            try:
+                fn(x, scale=0.5).backward(dy)
+                xr = x.detach().double().requires_grad_()
+                (torch.log_softmax if log else torch.softmax)(xr * 0.5, -1).backward(dy.double())
+                err = (x.grad.double() - xr.grad).abs().max().item()
+                ok = err <= 1e-5
+            except Exception as e:  # report and go on
+                err, ok = float("nan"), False
+                print(f"  ERROR backward {M}x{N}: {type(e).__name__}: {e}")
+            failures += not ok
+            print(f"  {'ok  ' if ok else 'FAIL'} {'log_softmax' if log else 'softmax':11} backward float32 "
+                  f"{M:>5} x {N:<7} max err {err:.1e}")
     print("self-check", "passed" if failures == 0 else f"FAILED ({failures} checks)")
     return 1 if failures else 0
 

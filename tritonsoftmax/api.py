@@ -1,4 +1,9 @@
-"""The public functions: validate, view as rows, pick a kernel, launch, return."""
+"""The public functions: validate, view as rows, pick a kernel, launch, return.
+
+``softmax``/``log_softmax`` route through the ``tritonsoftmax::softmax`` custom operator (see
+``ops.py``) only when autograd needs to record the call or ``torch.compile`` is tracing; a plain
+eager call runs :func:`forward` directly and does not pay the operator's dispatch.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,14 @@ def _normalize_dim(dim: int, ndim: int) -> int:
     return dim % max(ndim, 1)
 
 
+def _check_scale(scale) -> float:
+    if scale is None:
+        return 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
+    return float(scale)
+
+
 def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """Apply torch's dtype rules: complex never; integer/bool only with a floating ``dtype``."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -37,79 +50,160 @@ def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return x
 
 
-_prepared: dict[tuple, tuple] = {}  # call signature -> (PreparedLaunch, output dtype)
-_PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
-
-
-def _signature(x: torch.Tensor, dim, dtype, impl) -> tuple:
-    """What a warm call must match to reuse a prepared launch (device as an index: cheaper than x.device)."""
-    return (x.shape, x.stride(), x.dtype, x.get_device(), dim, dtype, impl)
-
-
-def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
-            impl: str = "auto") -> torch.Tensor:
-    """Softmax of ``x`` along ``dim``, a drop-in for ``torch.softmax(x, dim, dtype=dtype)``.
+def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None, impl: str = "auto",
+            scale: float | None = None, zero_masked_rows: bool = False) -> torch.Tensor:
+    """Softmax of ``x`` along ``dim``: a drop-in for ``torch.softmax(x, dim, dtype=dtype)``.
 
     fp32/fp16/bf16 tensors on a GPU (or on the CPU under ``TRITON_INTERPRET=1``) run Triton
-    kernels, math in fp32; float64 and other CPU tensors are computed by ``torch.softmax``.
-    ``impl`` is "auto" (the dispatcher), "fused", "tile", "online" or "split".
+    kernels, math in fp32; float64 and other CPU tensors are computed by torch.
+    ``impl``: "auto" (the dispatcher), "fused", "tile", "online" or "split".
+    ``scale``: temperature, fused into the kernels: the result is ``torch.softmax(x * scale, dim)``.
+    ``zero_masked_rows``: rows that are entirely -inf give zeros (and zero gradient), not NaN.
+    Differentiable; works under ``torch.compile`` and in CUDA graphs.
 
     Example::
 
-        >>> y = tritonsoftmax.softmax(torch.randn(4096, 1024, device="cuda"))
+        >>> y = tritonsoftmax.softmax(torch.randn(4096, 1024, device="cuda"), scale=0.125)
     """
+    return _entry(x, dim, dtype, impl, scale, False, zero_masked_rows)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None, impl: str = "auto",
+                scale: float | None = None) -> torch.Tensor:
+    """Log-softmax of ``x`` along ``dim``: a drop-in for ``torch.log_softmax(x, dim, dtype=dtype)``.
+
+    Same kernels, rules and options as :func:`softmax` (``scale`` gives ``log_softmax(x * scale)``).
+
+    Example::
+
+        >>> logp = tritonsoftmax.log_softmax(logits, dim=-1)
+    """
+    return _entry(x, dim, dtype, impl, scale, True, False)
+
+
+def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Tensor:
+    if isinstance(x, torch.Tensor) and ((x.requires_grad and torch.is_grad_enabled())
+                                        or torch.compiler.is_compiling()):
+        from .ops import softmax_op
+
+        _check_impl(impl)
+        return softmax_op(x, dim, dtype, impl, _check_scale(scale), log, bool(zero_masked))
+    return forward(x, dim, dtype, impl, scale, log, zero_masked)
+
+
+_prepared: dict[tuple, tuple] = {}  # call signature -> (prepared launch, output dtype)
+_PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
+
+
+def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
+    """What a warm call must match to reuse a prepared launch (device as an index: cheaper than x.device)."""
+    return (x.shape, x.stride(), x.dtype, x.get_device(), dim, dtype, impl, log, zero_masked)
+
+
+def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float | None, log: bool,
+            zero_masked: bool) -> torch.Tensor:
+    """Softmax/log-softmax without autograd: the eager path (and the custom operator's body)."""
     try:
-        hit = _prepared.get(_signature(x, dim, dtype, impl))
+        hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
     except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
         hit = None
     if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
         prepared, out_dtype = hit
         y = torch.empty_like(x, dtype=out_dtype)
-        prepared(x, y)
+        prepared(x, y, _check_scale(scale))
         return y
-    return _softmax_cold(x, dim, dtype, impl)
+    return _forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
 
 
-def _softmax_cold(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str) -> torch.Tensor:
+def _torch_forward(x, dim, out_dtype, scale, log, zero_masked) -> torch.Tensor:
+    """The reference computation for what our kernels do not take (float64, CPU tensors)."""
+    z = x if scale == 1.0 else x * scale
+    y = torch.log_softmax(z, dim, dtype=out_dtype) if log else torch.softmax(z, dim, dtype=out_dtype)
+    if zero_masked:
+        y = y.masked_fill((z == float("-inf")).all(dim, keepdim=True), 0.0)
+    return _like_input(y, x, out_dtype)
+
+
+def _like_input(r: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``r`` in the layout of ``torch.empty_like(x)`` (what every path of ours returns)."""
+    out = torch.empty_like(x, dtype=out_dtype)
+    if out.stride() == r.stride():
+        return r
+    return out.copy_(r)
+
+
+def _forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
     """The first call of a signature: validate, choose, prepare (and remember) the launch."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"softmax expects a torch.Tensor, got {type(x).__name__}")
     _check_impl(impl)
-    key = _signature(x, dim, dtype, impl)
+    s = _check_scale(scale)
+    key = _signature(x, dim, dtype, impl, log, zero_masked)
     x = _cast_input(x, dtype)
     dim = _normalize_dim(dim, x.dim())
     out_dtype = dtype or x.dtype
-    if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0
+    if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0 or x.numel() == 0
             or (x.device.type == "cpu" and not interpreter_active())):
-        return torch.softmax(x, dim, dtype=out_dtype)
+        return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
+    flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
     y = torch.empty_like(x, dtype=out_dtype)
-    if x.numel() == 0:
-        return y
     problem = layout.row_problem(x, y, dim)
     if problem is not None:
-        prepared = _prepare(problem, x, y, impl)
+        prepared = _prepare(problem, x, y, impl, flags, backward=False)
         if key[2] == x.dtype and x.device.type != "cpu":  # no cast happened; the interpreter reads env each call
             if len(_prepared) >= _PREPARED_MAX:
                 _prepared.clear()
             _prepared[key] = (prepared, out_dtype)
-        prepared(x, y)
+        prepared(x, y, s)
         return y
-    # The other dims do not collapse into two stride groups: copy to a contiguous tensor.
-    x = x.contiguous()
-    y = torch.empty_like(x, dtype=out_dtype)
-    problem = layout.row_problem(x, y, dim)
-    if problem is None:  # column stride past 32 bits: compute with the softmax dim last
-        x = x.movedim(dim, -1).contiguous()
-        y = torch.empty_like(x, dtype=out_dtype)
-        _prepare(layout.row_problem(x, y, x.dim() - 1), x, y, impl)(x, y)
-        return y.movedim(-1, dim)
-    _prepare(problem, x, y, impl)(x, y)
-    return y
+    # The other dims do not collapse into two stride groups (or the column stride passes 32 bits):
+    # compute on a contiguous copy with the softmax dim last, then write into y's layout.
+    xt = x.movedim(dim, -1).contiguous()
+    yt = torch.empty_like(xt, dtype=out_dtype)
+    _prepare(layout.row_problem(xt, yt, xt.dim() - 1), xt, yt, impl, flags, backward=False)(xt, yt, s)
+    return y.copy_(yt.movedim(-1, dim))
 
 
-def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str):
-    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device)
-    return p.family.prepare(problem, p.config, p.device, p.from_store)
+def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
+             backward: bool):
+    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward)
+    return p.family.prepare(problem, p.config, p.device, p.from_store, flags)
+
+
+def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float, log: bool,
+             input_dtype: torch.dtype) -> torch.Tensor:
+    """The input gradient of softmax/log_softmax from the incoming gradient and the saved output:
+    scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""
+    dim = _normalize_dim(dim, y.dim())
+    if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
+            or (y.device.type == "cpu" and not interpreter_active())):
+        dyf, yf = dy.to(y.dtype), y
+        if log:
+            dx = scale * (dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True))
+        else:
+            dx = scale * yf * (dyf - (dyf * yf).sum(dim, keepdim=True))
+        return _like_input(dx.to(input_dtype), y, input_dtype)
+    key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)
+    if dy.dtype != y.dtype or dy.stride() != y.stride():
+        dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+    dx = torch.empty_like(y)
+    hit = _prepared.get(key)
+    if hit is not None:
+        hit[0](dy, dx, y, float(scale))
+    else:
+        problem = layout.row_problem(y, dx, dim)
+        if problem is None:
+            yt, dyt = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
+            dxt = torch.empty_like(yt)
+            _prepare(layout.row_problem(yt, dxt, yt.dim() - 1), yt, dxt, impl, {"LOG": int(log)},
+                     backward=True)(dyt, dxt, yt, float(scale))
+            dx.copy_(dxt.movedim(-1, dim))
+        else:
+            prepared = _prepare(problem, y, dx, impl, {"LOG": int(log)}, backward=True)
+            if y.device.type != "cpu":
+                _prepared[key] = (prepared, y.dtype)
+            prepared(dy, dx, y, float(scale))
+    return dx if input_dtype == dx.dtype else dx.to(input_dtype)
 
 
 def clear_caches() -> None:

@@ -15,7 +15,7 @@ import torch
 from . import tuning
 from .config import LaunchConfig, next_power_of_2
 from .device import DeviceInfo, device_info
-from .kernels import FAMILY_NAMES, family
+from .kernels import FAMILY_NAMES, backward_family, family
 
 IMPLS = ("auto",) + FAMILY_NAMES
 
@@ -86,9 +86,10 @@ _plans: dict[tuple, Plan] = {}
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
-         device: torch.device) -> Plan:
-    """The cached launch plan for one call shape (``impl`` already validated)."""
-    key = (impl, M, N, dtype, out_dtype, device)
+         device: torch.device, backward: bool = False) -> Plan:
+    """The cached launch plan for one call shape (``impl`` already validated). The backward uses
+    the same rules and the backward kernel of the family they pick."""
+    key = (impl, M, N, dtype, out_dtype, device, backward)
     p = _plans.get(key)
     if p is None:
         info = device_info(device)
@@ -97,8 +98,9 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
             from .kernels.fused import check_row_length
 
             check_row_length(N)
-        entry = tuning.lookup(info, name, dtype, N, M)
-        p = Plan(name, family(name), entry.config if entry else None, info, entry is not None)
+        fam = backward_family(name) if backward else family(name)
+        entry = tuning.lookup(info, fam.name, dtype, N, M)
+        p = Plan(name, fam, entry.config if entry else None, info, entry is not None)
         _plans[key] = p
     return p
 

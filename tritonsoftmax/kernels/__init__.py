@@ -11,6 +11,8 @@ import importlib
 FAMILY_NAMES = ("fused", "tile", "online", "split")
 
 _loaded: dict = {}
+# The backward of each forward family: tile's is online's (both are the two-pass looped kernel).
+_BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split"}
 
 
 def family(name: str):
@@ -21,4 +23,16 @@ def family(name: str):
             raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(FAMILY_NAMES)}")
         fam = importlib.import_module(f"{__name__}.{name}").FAMILY
         _loaded[name] = fam
+    return fam
+
+
+def backward_family(name: str):
+    """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``)."""
+    key = f"{name}:bwd"
+    fam = _loaded.get(key)
+    if fam is None:
+        if name not in FAMILY_NAMES:
+            raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(FAMILY_NAMES)}")
+        fam = importlib.import_module(f"{__name__}.{_BACKWARD_MODULE[name]}").BWD_FAMILY
+        _loaded[key] = fam
     return fam

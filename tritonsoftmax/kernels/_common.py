@@ -1,14 +1,21 @@
-"""What every kernel family shares: row addressing, the autotuner factory and the launcher.
+"""What every kernel family shares: row addressing, the output/gradient math, the autotuner
+factory and the one place a kernel is started (:class:`PreparedLaunch`).
 
-A family module defines its ``@triton.jit`` kernel(s) with the common signature::
+A forward kernel's signature::
 
-    kernel(x_ptr, y_ptr, M, N, INNER,
-           stride_x_outer, stride_x_inner, stride_x_col,
-           stride_y_outer, stride_y_inner, stride_y_col,
-           N_BUCKET, M_BUCKET, <constexpr meta>)
+    kernel(x_ptr, y_ptr, [ws_ptr,] scale, M, N, INNER,
+           stride_x_outer, stride_x_inner, stride_x_col,      # the input
+           stride_y_outer, stride_y_inner, stride_y_col,      # the output
+           N_BUCKET, M_BUCKET, LOG, ZERO_MASKED, <tuned constexprs>)
 
-and a :class:`Family` that names it, lists its search space and its heuristic config, and
-computes its grid. :func:`launch` is the one place a kernel is started.
+and a backward kernel's::
+
+    kernel(dy_ptr, dx_ptr, [ws_ptr,] y_ptr, scale, M, N, INNER,
+           <3 strides of dy and y (one layout)>, <3 strides of dx>,
+           N_BUCKET, M_BUCKET, LOG, <tuned constexprs>)
+
+A :class:`Family` names a kernel, lists its search space and its heuristic config, and computes
+its grid.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, save_tuning_enabled
 from ..device import DeviceInfo, device_info, interpreter_active
-from ..layout import RowProblem
+from ..layout import RowProblem, matrix_problem
 
 
 @triton.jit
@@ -38,6 +45,46 @@ def row_offsets(rows, INNER, stride_outer, stride_inner):
     outer = (rows // INNER).to(tl.int64)
     inner = (rows % INNER).to(tl.int64)
     return outer * stride_outer + inner * stride_inner
+
+
+@triton.jit
+def load_scaled(ptrs, mask, scale):
+    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale``."""
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, x * scale, float("-inf"))
+
+
+@triton.jit
+def finish(z, m, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
+    """The output for scaled inputs ``z`` given the row max ``m`` and s = sum exp(z - m) (both
+    broadcastable to ``z``): softmax exp(z - m) / s, or log_softmax z - m - log(s) when LOG.
+    ZERO_MASKED: rows whose max is -inf (all masked) give 0 instead of NaN."""
+    if LOG:
+        y = z - m - tl.log(s)
+    else:
+        y = tl.exp(z - m) * (1.0 / s)
+    if ZERO_MASKED:
+        y = tl.where(m == float("-inf"), 0.0, y)
+    return y
+
+
+@triton.jit
+def grad_term(dy, y, LOG: tl.constexpr):
+    """What the backward sums over a row: dy * y for softmax, dy for log_softmax."""
+    if LOG:
+        return dy
+    else:
+        return dy * y
+
+
+@triton.jit
+def grad_input(dy, y, red, scale, LOG: tl.constexpr):
+    """dx given the row sum ``red`` of grad_term: scale * y * (dy - red) for softmax,
+    scale * (dy - exp(y) * red) for log_softmax."""
+    if LOG:
+        return scale * (dy - tl.exp(y) * red)
+    else:
+        return scale * y * (dy - red)
 
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
@@ -73,9 +120,9 @@ class Family:
     _autotuned: dict = field(default_factory=dict)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                from_store: bool = False) -> PreparedLaunch:
+                from_store: bool = False, flags: dict[str, int] | None = None) -> PreparedLaunch:
         """A :class:`PreparedLaunch` of this family for ``problem``."""
-        return PreparedLaunch(self, problem, config, device, from_store)
+        return PreparedLaunch(self, problem, config, device, from_store, flags)
 
     def autotuned(self, device: DeviceInfo):
         """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
@@ -125,19 +172,21 @@ class PreparedLaunch:
     """
 
     def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                 from_store: bool = False):
+                 from_store: bool = False, flags: dict[str, int] | None = None):
         if config is None and not autotune_enabled():
             config = family.heuristic(device, problem.M, problem.N)
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
+        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED): not tuned, not stored
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
         self._runner = None
         self._aligned = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor) -> LaunchConfig | None:
-        """Softmax of ``x`` into ``y``; returns the config launched (None when the autotuner chose).
+        """Run the kernel on ``x`` into ``y``; returns the config launched (None when the autotuner chose).
 
-        ``extra``: further tensors the family's kernel takes after ``y`` (e.g. a workspace)."""
+        ``extra``: the further arguments the family's kernel takes after ``y`` (a workspace, the
+        saved output, the scale)."""
         aligned = ((x.data_ptr() | y.data_ptr()) & 15) == 0
         if self._runner is not None and aligned == self._aligned:
             if _no_launch_hooks():  # start the compiled kernel with nothing in between
@@ -162,9 +211,9 @@ class PreparedLaunch:
     def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
         grid = self.family.grid(self.problem.M, self.problem.N, kwargs)
-        compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs)
+        compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
-            meta = dict(self.config.meta)
+            meta = {**dict(self.config.meta), **self.flags}
             self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
             self._grid3 = tuple(grid) + (1,) * (3 - len(grid))
             self._runner = compiled[self._grid3]  # loads the module on the device
@@ -176,7 +225,7 @@ class PreparedLaunch:
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N
         tuner = self.family.autotuned(self.device)
-        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *extra, *self.tail)
+        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *extra, *self.tail, **self.flags)
         self.config = LaunchConfig.from_triton(tuner.best_config)
         if save_tuning_enabled():
             timings = getattr(tuner, "configs_timings", None) or {}
@@ -189,15 +238,13 @@ class PreparedLaunch:
         return None
 
 
-def launch(family: Family, x: torch.Tensor, y: torch.Tensor, problem: RowProblem,
-           config: LaunchConfig | None = None, device: DeviceInfo | None = None) -> LaunchConfig | None:
-    """Run ``family`` on ``problem`` once: exactly ``config`` if given, else its autotuned kernel
-    (or, with autotuning switched off, its heuristic config).
-
-    ``x`` and ``y`` are tensors whose data pointers the problem's strides address.
-    Returns the config launched, or None when the autotuner chose it.
-    """
-    return PreparedLaunch(family, problem, config, device or device_info(x.device))(x, y)
+def launch_matrix(family: Family, x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None,
+                  extra: tuple = (), flags: dict[str, int] | None = None) -> LaunchConfig | None:
+    """What every family module's launcher does: run ``family`` once over the rows of the 2-D
+    ``x2d`` into ``out2d`` (any strides), exactly ``config`` if given, else autotuned (or, with
+    autotuning off, the heuristic). Returns the config launched, or None when the autotuner chose."""
+    prepared = family.prepare(matrix_problem(x2d, out2d), config, device_info(x2d.device), flags=flags)
+    return prepared(x2d, out2d, *extra)
 
 
 def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 8,
@@ -233,3 +280,10 @@ def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> lis
         for waves in (1, 2):
             out.append(LaunchConfig(c.meta, c.num_warps, c.num_stages, (("waves_per_eu", waves),)))
     return out
+
+
+def check_same_layout(dy: torch.Tensor, y: torch.Tensor) -> None:
+    """Backward kernels address dy and y with one set of strides."""
+    if dy.shape != y.shape or dy.stride() != y.stride():
+        raise ValueError(f"dy and y must have one shape and layout, got {tuple(dy.shape)}/{dy.stride()} "
+                         f"and {tuple(y.shape)}/{y.stride()}")

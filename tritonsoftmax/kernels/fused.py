@@ -8,9 +8,8 @@ import triton.language as tl
 
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
-from ..layout import matrix_problem
 from . import _common
-from ._common import Family, row_offsets
+from ._common import Family, finish, grad_input, grad_term, load_scaled, row_offsets
 
 IMPL = "fused"
 TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
@@ -20,32 +19,59 @@ MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it register
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_fused_fwd_kernel(
-    x_ptr, y_ptr, M, N, INNER,
+    x_ptr, y_ptr, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """Softmax of ROWS whole rows per program, each held in registers as one [ROWS, BLOCK_N] tile.
+    """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile.
 
     x_ptr, y_ptr: input and output; row r starts at row_offsets(r, INNER, stride_*_outer,
-    stride_*_inner) and its elements are stride_*_col apart. M rows of N elements.
-    N_BUCKET, M_BUCKET: autotune keys only (unused in the body).
-    BLOCK_N: next power of two >= N. ROWS: rows per program.
-    Masked lanes load -inf, so they add exp(-inf - m) = 0 to a valid row's sum.
+    stride_*_inner) and its elements are stride_*_col apart. M rows of N elements; the input
+    is multiplied by ``scale`` first. N_BUCKET, M_BUCKET: autotune keys only (unused here).
+    ZERO_MASKED: all -inf rows give 0. BLOCK_N: next power of two >= N. ROWS: rows per program.
+    Masked lanes are -inf, so they add exp(-inf - m) = 0 to a valid row's sum.
     """
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     x_off = row_offsets(rows, INNER, stride_x_outer, stride_x_inner)[:, None] + (cols * stride_x_col)[None, :]
-    x = tl.load(x_ptr + x_off, mask=mask, other=-float("inf")).to(tl.float32)
-    m = tl.max(x, axis=1)
-    e = tl.exp(x - m[:, None])
-    inv = 1.0 / tl.sum(e, axis=1)
-    y = e * inv[:, None]
+    z = load_scaled(x_ptr + x_off, mask, scale)
+    m = tl.max(z, axis=1)[:, None]
+    s = tl.sum(tl.exp(z - m), axis=1)[:, None]
+    y = finish(z, m, s, LOG, ZERO_MASKED)
     y_off = row_offsets(rows, INNER, stride_y_outer, stride_y_inner)[:, None] + (cols * stride_y_col)[None, :]
     tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_fused_bwd_kernel(
+    dy_ptr, dx_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
+    scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
+
+    dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
+    dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
+    Masked lanes load 0, which adds nothing to either row sum.
+    """
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    g_off = row_offsets(rows, INNER, stride_g_outer, stride_g_inner)[:, None] + (cols * stride_g_col)[None, :]
+    dy = tl.load(dy_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
+    dx = grad_input(dy, y, red, scale, LOG)
+    d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]
+    tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
@@ -80,11 +106,28 @@ def _grid(M: int, N: int, meta: dict) -> tuple[int]:
 
 
 FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
+BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _configs, _heuristic, _grid)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig | None:
-    """Softmax over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides); ``config`` skips autotuning."""
-    check_row_length(x2d.shape[1])
-    if config is not None and config["BLOCK_N"] < x2d.shape[1]:
-        raise ValueError(f"fused config BLOCK_N={config['BLOCK_N']} is shorter than the row ({x2d.shape[1]})")
-    return _common.launch(FAMILY, x2d, out2d, matrix_problem(x2d, out2d), config)
+def _check(N: int, config: LaunchConfig | None) -> None:
+    check_row_length(N)
+    if config is not None and config["BLOCK_N"] < N:
+        raise ValueError(f"fused config BLOCK_N={config['BLOCK_N']} is shorter than the row ({N})")
+
+
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+    ``config`` skips autotuning."""
+    _check(x2d.shape[1], config)
+    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
+                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+
+
+def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
+                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig | None:
+    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from the incoming gradient
+    ``dy2d`` and the saved output ``y2d`` (dy2d and y2d share one layout)."""
+    _check(y2d.shape[1], config)
+    _common.check_same_layout(dy2d, y2d)
+    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})

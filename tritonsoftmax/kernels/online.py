@@ -7,30 +7,38 @@ import triton
 import triton.language as tl
 
 from ..config import LaunchConfig
-from ..layout import matrix_problem
 from . import _common
-from ._common import Family, row_offsets
+from ._common import Family, finish, grad_input, grad_term, load_scaled, row_offsets
 from .tile import _configs, _grid, _heuristic  # same search space: BLOCK x num_warps x stages
 
 IMPL = "online"
 
 
+@triton.jit
+def online_update(m, s, z):
+    """Fold tile ``z`` into the running (max m, sum s = sum exp(. - m)); a tile that leaves the
+    running max at -inf adds 0 (not exp(-inf - -inf) = NaN), so a masked prefix never poisons a row."""
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), axis=0)
+
+
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_online_fwd_kernel(
-    x_ptr, y_ptr, M, N, INNER,
+    x_ptr, y_ptr, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
-    BLOCK: tl.constexpr,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Softmax of one row per program: an online (max, sum) pass, then a reverse write pass.
+    """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
+    reverse write pass.
 
-    x_ptr, y_ptr, M, N, INNER, stride_*: as in the fused kernel. N_BUCKET, M_BUCKET: autotune
-    keys only. BLOCK: tile width.
-    Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(x - m) over them.
-    A tile whose running max is still -inf contributes 0 (not exp(-inf - -inf) = NaN), so a
-    masked prefix never poisons a valid row; an all -inf row still ends as NaN, like torch.
-    Pass 2 writes exp(x - m) / s, last tile first (the tiles pass 1 left in cache).
+    x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
+    N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width.
+    Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
+    (see online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
+    Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
     """
     row = tl.program_id(0)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
@@ -42,24 +50,66 @@ def _softmax_online_fwd_kernel(
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for t in range(0, num_tiles):
         cols = t * BLOCK + offs
-        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref), axis=0)
-        m = m_new
-    inv = 1.0 / s
+        m, s = online_update(m, s, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
 
     for t in range(0, num_tiles):
         cols = (num_tiles - 1 - t) * BLOCK + offs
         mask = cols < N
-        x = tl.load(x_row + cols * stride_x_col, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - m) * inv
+        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
         tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_online_bwd_kernel(
+    dy_ptr, dx_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
+    grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
+    dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*.
+    """
+    row = tl.program_id(0)
+    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
+    d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
+    offs = tl.arange(0, BLOCK)
+    num_tiles = tl.cdiv(N, BLOCK)
+
+    acc = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, num_tiles):
+        cols = t * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        acc += grad_term(dy, y, LOG)
+    red = tl.sum(acc, axis=0)
+
+    for t in range(0, num_tiles):
+        cols = (num_tiles - 1 - t) * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dx = grad_input(dy, y, red, scale, LOG)
+        tl.store(d_row + cols * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)
+BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_online_bwd_kernel, _configs, _heuristic, _grid)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig | None:
-    """Softmax over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides); ``config`` skips autotuning."""
-    return _common.launch(FAMILY, x2d, out2d, matrix_problem(x2d, out2d), config)
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+    ``config`` skips autotuning."""
+    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
+                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+
+
+def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
+                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig | None:
+    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
+    output ``y2d`` (one layout). Also the tile family's backward."""
+    _common.check_same_layout(dy2d, y2d)
+    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})

@@ -15,9 +15,10 @@ import triton.language as tl
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
-from ..layout import RowProblem, matrix_problem
+from ..layout import RowProblem
 from . import _common
-from ._common import Family, PreparedLaunch, row_offsets
+from ._common import Family, PreparedLaunch, finish, grad_input, grad_term, load_scaled, row_offsets
+from .online import online_update
 
 IMPL = "split"
 PROGRAMS_PER_SM = 8  # aim for this many programs per SM across all rows
@@ -27,19 +28,19 @@ BLOCKS = (1024, 2048, 4096)
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_split_stats_kernel(
-    x_ptr, y_ptr, ws_ptr, M, N, INNER,
+    x_ptr, y_ptr, ws_ptr, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
-    x_ptr: input rows (addressed as in the fused kernel); y_ptr: unused here (common signature);
-    ws_ptr: float32 workspace, ws[2 * p] = chunk max m, ws[2 * p + 1] = sum of exp(x - m) over the
-    chunk. BLOCK: tile width; TILES: tiles per chunk; BLOCK_G: unused here (shared config).
-    Invariant: m is the max of the tiles seen, s = sum exp(x - m) over them; a tile whose running
-    max is still -inf adds 0 (so an all -inf chunk gives m = -inf, s = 0, never NaN).
+    x_ptr, scale, strides: as in the fused kernel; y_ptr, LOG, ZERO_MASKED, BLOCK_G: unused here
+    (one signature and config for both passes). ws_ptr: float32 workspace; ws[2p] = the chunk's
+    max m, ws[2p + 1] = sum exp(z - m) over the chunk (online_update's invariant: an all -inf
+    chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk.
     """
     pid = tl.program_id(0)
     G = tl.cdiv(N, TILES * BLOCK)
@@ -51,28 +52,25 @@ def _softmax_split_stats_kernel(
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for t in range(0, TILES):
         cols = (g * TILES + t) * BLOCK + offs
-        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref), axis=0)
-        m = m_new
+        m, s = online_update(m, s, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
     tl.store(ws_ptr + 2 * pid, m)
     tl.store(ws_ptr + 2 * pid + 1, s)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_split_write_kernel(
-    x_ptr, y_ptr, ws_ptr, M, N, INNER,
+    x_ptr, y_ptr, ws_ptr, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
-    """Pass 2: combine row p // G's G partials into (max M_r, sum S_r), write chunk p % G.
+    """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
-    Pointers, strides and BLOCK/TILES as in pass 1; BLOCK_G >= G (power of two).
-    S_r = sum over chunks of s_g * exp(m_g - M_r), an all -inf chunk adding 0. A row of all -inf
-    has M_r = -inf and gives NaN (exp(-inf - -inf)), like torch. Tiles are written last first.
+    Arguments as in pass 1; BLOCK_G >= G (power of two); LOG, ZERO_MASKED as in the fused kernel.
+    s_r = sum over chunks of s_g * exp(m_g - m_r), an all -inf chunk adding 0. A row of all -inf
+    has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first.
     """
     pid = tl.program_id(0)
     G = tl.cdiv(N, TILES * BLOCK)
@@ -83,17 +81,71 @@ def _softmax_split_write_kernel(
     m_g = tl.load(parts, mask=gs < G, other=float("-inf"))
     s_g = tl.load(parts + 1, mask=gs < G, other=0.0)
     m = tl.max(m_g, axis=0)
-    w = tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m))
-    inv = 1.0 / tl.sum(w, axis=0)
+    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m)), axis=0)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = (g * TILES + (TILES - 1 - t)) * BLOCK + offs
         mask = cols < N
-        x = tl.load(x_row + cols * stride_x_col, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - m) * inv
+        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
         tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_split_bwd_partial_kernel(
+    dy_ptr, dx_ptr, ws_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
+
+    dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest as in pass 1
+    of the forward.
+    """
+    pid = tl.program_id(0)
+    G = tl.cdiv(N, TILES * BLOCK)
+    row = pid // G
+    g = pid % G
+    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, TILES):
+        cols = (g * TILES + t) * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        acc += grad_term(dy, y, LOG)
+    tl.store(ws_ptr + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_split_bwd_write_kernel(
+    dy_ptr, dx_ptr, ws_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
+    pid = tl.program_id(0)
+    G = tl.cdiv(N, TILES * BLOCK)
+    row = pid // G
+    g = pid % G
+    gs = tl.arange(0, BLOCK_G)
+    red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0), axis=0)
+    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
+    d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
+    offs = tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        cols = (g * TILES + (TILES - 1 - t)) * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dx = grad_input(dy, y, red, scale, LOG)
+        tl.store(d_row + cols * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def chunks(N: int, meta: dict) -> int:
@@ -138,45 +190,63 @@ class SplitLaunch:
 
     Without a config (tuning-table miss) it uses the heuristic: Triton's autotuner times one
     kernel, not a two-kernel pipeline; ``python -m tritonsoftmax.tune --families split`` times
-    the whole pipeline for each config and stores the winner. ``from_store`` is kept for the
-    common interface; a stored split config is validated here like any explicit one.
+    the whole pipeline for each config and stores the winner. A stored split config is
+    validated here like any explicit one. ``passes``: the two Family objects (forward or backward);
+    ``words``: workspace floats per program (2 for (max, sum), 1 for the backward's partial sum).
     """
 
-    def __init__(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                 from_store: bool = False):
+    def __init__(self, passes: tuple[Family, Family], words: int, problem: RowProblem,
+                 config: LaunchConfig | None, device: DeviceInfo, flags: dict[str, int] | None = None):
         self.problem, self.device = problem, device
         self.config = config or _heuristic(device, problem.M, problem.N)
         meta = dict(self.config.meta)
         if next_power_of_2(chunks(problem.N, meta)) > meta["BLOCK_G"]:
             raise ValueError(f"split config {self.config}: BLOCK_G must be >= the {chunks(problem.N, meta)} chunks "
                              f"of a {problem.N}-element row")
-        self.from_store = from_store
-        self._stats = PreparedLaunch(_STATS, problem, self.config, device)
-        self._write = PreparedLaunch(_WRITE, problem, self.config, device)
-        self._ws_len = 2 * _grid(problem.M, problem.N, dict(self.config.meta))[0]
+        self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
+        self._second = PreparedLaunch(passes[1], problem, self.config, device, flags=flags)
+        self._ws_len = words * _grid(problem.M, problem.N, meta)[0]
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> LaunchConfig:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws = torch.empty(self._ws_len, device=x.device, dtype=torch.float32)
-        self._stats(x, y, ws)
-        self._write(x, y, ws)
+        self._first(x, y, ws, *extra)
+        self._second(x, y, ws, *extra)
         return self.config
 
 
 class SplitFamily(Family):
-    """The split family as the dispatcher sees it: ``prepare`` gives a :class:`SplitLaunch`."""
+    """A split family as the dispatcher sees it: ``prepare`` gives a :class:`SplitLaunch`."""
+
+    def __init__(self, name: str, passes: tuple[Family, Family], words: int):
+        super().__init__(name, passes[1].kernel, _configs, _heuristic, _grid)
+        self.passes, self.words = passes, words
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                from_store: bool = False) -> SplitLaunch:
-        return SplitLaunch(problem, config, device, from_store)
+                from_store: bool = False, flags: dict[str, int] | None = None) -> SplitLaunch:
+        return SplitLaunch(self.passes, self.words, problem, config, device, flags)
 
 
-_STATS = Family("split-stats", _softmax_split_stats_kernel, _configs, _heuristic, _grid)
-_WRITE = Family("split-write", _softmax_split_write_kernel, _configs, _heuristic, _grid)
-FAMILY = SplitFamily(IMPL, _softmax_split_write_kernel, _configs, _heuristic, _grid)
+def _pass(name: str, kernel) -> Family:
+    return Family(name, kernel, _configs, _heuristic, _grid)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
-    """Softmax over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides); ``config`` or the heuristic."""
-    from ..device import device_info
+FAMILY = SplitFamily(IMPL, (_pass("split-stats", _softmax_split_stats_kernel),
+                            _pass("split-write", _softmax_split_write_kernel)), words=2)
+BWD_FAMILY = SplitFamily(f"{IMPL}-bwd", (_pass("split-bwd-partial", _softmax_split_bwd_partial_kernel),
+                                         _pass("split-bwd-write", _softmax_split_bwd_write_kernel)), words=1)
 
-    return SplitLaunch(matrix_problem(x2d, out2d), config, device_info(x2d.device))(x2d, out2d)
+
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+    ``config`` or the heuristic."""
+    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
+                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+
+
+def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
+                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig:
+    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
+    output ``y2d`` (one layout)."""
+    _common.check_same_layout(dy2d, y2d)
+    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})

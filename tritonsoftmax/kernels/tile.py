@@ -8,9 +8,8 @@ import triton.language as tl
 
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
-from ..layout import matrix_problem
 from . import _common
-from ._common import Family, row_offsets
+from ._common import Family, finish, load_scaled, row_offsets
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -18,19 +17,19 @@ BLOCKS = (1024, 2048, 4096, 8192)
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_tile_fwd_kernel(
-    x_ptr, y_ptr, M, N, INNER,
+    x_ptr, y_ptr, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
-    BLOCK: tl.constexpr,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Softmax of one row per program in three passes over BLOCK-wide tiles.
+    """Softmax (log_softmax, LOG) of one row per program in three passes over BLOCK-wide tiles.
 
-    x_ptr, y_ptr, M, N, INNER, stride_*: as in the fused kernel (rows addressed by row_offsets,
-    elements stride_*_col apart). N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width.
+    x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
+    N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width.
     Pass 1 keeps m_vec, the lane-wise max over the tiles seen; m = max(m_vec) is the row max.
     Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
-    keeps s_vec, the lane-wise sum of exp(x - m). Pass 3 writes exp(x - m) / s, first tile first
+    keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
     (the first tiles are the ones pass 2 left in cache).
     """
     row = tl.program_id(0)
@@ -42,22 +41,19 @@ def _softmax_tile_fwd_kernel(
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
     for t in range(0, num_tiles):
         cols = t * BLOCK + offs
-        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
-        m_vec = tl.maximum(m_vec, x)
+        m_vec = tl.maximum(m_vec, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
     m = tl.max(m_vec, axis=0)
 
     s_vec = tl.zeros([BLOCK], tl.float32)
     for t in range(0, num_tiles):
         cols = (num_tiles - 1 - t) * BLOCK + offs
-        x = tl.load(x_row + cols * stride_x_col, mask=cols < N, other=-float("inf")).to(tl.float32)
-        s_vec += tl.exp(x - m)
-    inv = 1.0 / tl.sum(s_vec, axis=0)
+        s_vec += tl.exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m)
+    s = tl.sum(s_vec, axis=0)
 
     for t in range(0, num_tiles):
         cols = t * BLOCK + offs
         mask = cols < N
-        x = tl.load(x_row + cols * stride_x_col, mask=mask, other=-float("inf")).to(tl.float32)
-        y = tl.exp(x - m) * inv
+        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
         tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -84,6 +80,9 @@ def _grid(M: int, N: int, meta: dict) -> tuple[int]:
 FAMILY = Family(IMPL, _softmax_tile_fwd_kernel, _configs, _heuristic, _grid)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig | None:
-    """Softmax over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides); ``config`` skips autotuning."""
-    return _common.launch(FAMILY, x2d, out2d, matrix_problem(x2d, out2d), config)
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+    ``config`` skips autotuning. (The tile family's backward is the online family's.)"""
+    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
+                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})

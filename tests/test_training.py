@@ -1,0 +1,237 @@
+"""Training and integration: gradients, log_softmax, scale, masked rows, the custom operators,
+torch.compile, CUDA graphs, modules and patch_torch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE, HAS_GPU
+from softmax_ref import TOL, poisoned_like, random_input
+
+import tritonsoftmax
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, split
+
+IMPLS = ("auto",) + FAMILY_NAMES
+GRAD_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _reference(x, dim, log=False, scale=1.0):
+    xr = x.detach().double().requires_grad_()
+    z = xr * scale
+    return xr, (torch.log_softmax(z, dim) if log else torch.softmax(z, dim))
+
+
+def _check_grads(x, dim=-1, log=False, scale=None, impl="auto"):
+    x = x.detach().requires_grad_()
+    fn = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+    y = fn(x, dim, scale=scale, impl=impl)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(y)
+    y.backward(g)
+    xr, yr = _reference(x, dim, log, 1.0 if scale is None else scale)
+    yr.backward(g.double())
+    out_tol = TOL[x.dtype] * (20 if log else 1)  # log-probabilities are O(log N), not O(1)
+    assert (y.double() - yr).abs().max().item() <= out_tol
+    err = (x.grad.double() - xr.grad).abs().max().item()
+    scale_of_grad = max(1.0, xr.grad.abs().max().item())
+    assert err <= GRAD_TOL[x.dtype] * scale_of_grad, f"grad error {err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("M,N", [(3, 17), (4, 1000), (2, 5000), (1, 20000)])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softmax_gradients_match_torch(impl, M, N, dtype):
+    _check_grads(random_input((M, N), dtype, DEVICE, seed=M + N), impl=impl)
+
+
+@pytest.mark.parametrize("M,N", [(3, 17), (2, 5000)])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_log_softmax_values_and_gradients(impl, M, N):
+    _check_grads(random_input((M, N), torch.float32, DEVICE, seed=N), log=True, impl=impl)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_gradients_for_each_dim_and_strided_input(dim):
+    x = random_input((5, 33, 7), torch.float32, DEVICE, seed=dim)
+    _check_grads(x, dim)
+    _check_grads(random_input((40, 30), torch.float32, DEVICE).t(), 1)  # transposed
+    _check_grads(random_input((10, 64), torch.float32, DEVICE)[:, :50], -1)  # row-strided slice
+
+
+@pytest.mark.parametrize("scale", [0.125, 3.0, -0.5])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scale_equals_scaling_the_input(impl, scale):
+    x = random_input((4, 700), torch.float32, DEVICE, seed=3)
+    torch.testing.assert_close(tritonsoftmax.softmax(x, scale=scale, impl=impl), torch.softmax(x * scale, -1),
+                               atol=2e-6, rtol=0)
+    _check_grads(x, scale=scale, impl=impl)
+    _check_grads(x, log=True, scale=scale, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_zero_masked_rows_give_zeros_and_zero_gradient(impl):
+    x = random_input((4, 300), torch.float32, DEVICE)
+    x[1] = float("-inf")
+    x[2, :200] = float("-inf")
+    x.requires_grad_()
+    y = tritonsoftmax.softmax(x, zero_masked_rows=True, impl=impl)
+    assert (y[1] == 0).all()
+    ref = torch.softmax(x.detach(), -1)
+    torch.testing.assert_close(y[[0, 2, 3]].detach(), ref[[0, 2, 3]], atol=2e-6, rtol=0)
+    y.backward(torch.ones_like(y))
+    assert (x.grad[1] == 0).all() and torch.isfinite(x.grad).all()
+    assert tritonsoftmax.softmax(x.detach(), impl=impl)[1].isnan().all(), "the default stays torch's NaN"
+
+
+def test_scale_must_be_a_number():
+    with pytest.raises(TypeError, match="scale"):
+        tritonsoftmax.softmax(torch.ones(2, 3, device=DEVICE), scale=torch.tensor(2.0))
+
+
+BWD = {"fused": fused.launch_backward, "online": online.launch_backward, "split": split.launch_backward}
+BWD_CONFIGS = {
+    "fused": [LaunchConfig.make(1, BLOCK_N=128, ROWS=4), LaunchConfig.make(2, BLOCK_N=256, ROWS=1)],
+    "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
+    "split": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4), LaunchConfig.make(2, BLOCK=16, TILES=1,
+                                                                                    BLOCK_G=16)],
+}
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("impl,config", [(k, c) for k, cs in BWD_CONFIGS.items() for c in cs],
+                         ids=lambda v: str(v).replace(" ", ""))
+def test_backward_launchers_with_explicit_configs(impl, config, log):
+    x = random_input((7, 100), torch.float32, DEVICE, seed=5)
+    xr, yr = _reference(x, -1, log)
+    y = yr.detach().float()
+    dy = random_input((7, 100), torch.float32, DEVICE, seed=6)
+    yr.backward(dy.double())
+    dx = poisoned_like(x)
+    BWD[impl](dy, y, dx, config, log=log)
+    assert (dx.double() - xr.grad).abs().max().item() <= 1e-5
+
+
+def test_backward_launcher_rejects_different_layouts():
+    y = random_input((4, 64), torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="layout"):
+        online.launch_backward(y.t().contiguous().t(), y, torch.empty_like(y))
+
+
+def test_opcheck_both_operators():
+    x = random_input((3, 50), torch.float32, DEVICE, seed=1).requires_grad_()
+    torch.library.opcheck(torch.ops.tritonsoftmax.softmax.default, (x, -1, None, "auto", 0.5, False, False))
+    torch.library.opcheck(torch.ops.tritonsoftmax.softmax.default, (x, 0, None, "online", 1.0, True, False))
+    y = tritonsoftmax.softmax(x.detach())
+    dy = random_input((3, 50), torch.float32, DEVICE, seed=2)
+    torch.library.opcheck(torch.ops.tritonsoftmax.softmax_backward.default,
+                          (dy, y, -1, "auto", 1.0, False, torch.float32))
+
+
+def test_plain_eager_call_does_not_go_through_the_operator(monkeypatch):
+    from tritonsoftmax import ops
+
+    calls = []
+    real = ops.softmax_op
+    monkeypatch.setattr(ops, "softmax_op", lambda *a: calls.append(1) or real(*a))
+    x = random_input((3, 50), torch.float32, DEVICE)
+    tritonsoftmax.softmax(x)
+    assert calls == []
+    tritonsoftmax.softmax(x.requires_grad_())
+    assert calls == [1], "autograd goes through the operator"
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        p = tritonsoftmax.softmax(self.proj(x), -1, scale=0.5)
+        return tritonsoftmax.log_softmax(p @ self.proj.weight, -1).sum()
+
+
+def test_torch_compile_fullgraph_has_no_graph_break():
+    model = _Block().to(DEVICE)
+    x = random_input((8, 64), torch.float32, DEVICE)
+    expected = model(x)
+    expected.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if HAS_GPU else "aot_eager")
+    got = compiled(x)
+    got.backward()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g, atol=1e-4, rtol=1e-4)
+
+
+def test_modules_match_the_functions():
+    x = random_input((4, 33), torch.float32, DEVICE)
+    torch.testing.assert_close(tritonsoftmax.Softmax(dim=0)(x), torch.softmax(x, 0), atol=2e-6, rtol=0)
+    torch.testing.assert_close(tritonsoftmax.LogSoftmax(-1, scale=2.0)(x), torch.log_softmax(2 * x, -1),
+                               atol=1e-5, rtol=0)
+    assert "dim=0" in repr(tritonsoftmax.Softmax(dim=0))
+
+
+def test_patch_torch_restores_everything_even_on_error():
+    originals = (torch.softmax, F.softmax, torch.Tensor.softmax, torch.log_softmax, F.log_softmax,
+                 torch.Tensor.log_softmax)
+    with pytest.raises(RuntimeError, match="boom"):
+        with tritonsoftmax.patch_torch():
+            assert torch.softmax is not originals[0] and torch.Tensor.log_softmax is not originals[5]
+            x = torch.randn(3, 5)  # a CPU tensor stays torch's
+            torch.testing.assert_close(torch.softmax(x, 1), originals[0](x, 1))
+            torch.testing.assert_close(x.log_softmax(-1), originals[5](x, -1))
+            torch.testing.assert_close(F.softmax(x, dim=0), originals[1](x, dim=0))
+            raise RuntimeError("boom")
+    assert (torch.softmax, F.softmax, torch.Tensor.softmax, torch.log_softmax, F.log_softmax,
+            torch.Tensor.log_softmax) == originals
+
+
+@pytest.mark.gpu
+def test_patch_torch_routes_gpu_tensors_to_tritonsoftmax(monkeypatch):
+    from tritonsoftmax import api
+
+    calls = []
+    real = api.forward
+    monkeypatch.setattr(api, "forward", lambda *a: calls.append(a[-2]) or real(*a))
+    x = random_input((4, 1000), torch.float16, DEVICE)
+    with tritonsoftmax.patch_torch():
+        y1, y2, y3 = torch.softmax(x, -1), F.log_softmax(x, dim=1), x.softmax(-1, dtype=torch.float32)
+    assert calls == [False, True, False]
+    assert y3.dtype == torch.float32
+    torch.testing.assert_close(y1, torch.softmax(x, -1), atol=2e-3, rtol=0)
+    torch.testing.assert_close(y2.float(), torch.log_softmax(x.float(), -1), atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N", [(64, 1000), (4096, 4096), (8, 262144), (1, 2000000), (300, 70000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_gpu_gradients_long_and_few_rows(M, N, dtype, log):
+    _check_grads(random_input((M, N), dtype, DEVICE, seed=N), log=log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N", [(64, 1000), (4, 1048576)])
+def test_cuda_graph_capture_and_replay_forward_and_backward(M, N):
+    x = random_input((M, N), torch.float32, DEVICE).requires_grad_()
+    dy = random_input((M, N), torch.float32, DEVICE, seed=9)
+    for _ in range(2):  # warm up: compile, prepare
+        tritonsoftmax.softmax(x, scale=0.5).backward(dy)
+    x.grad = None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        y = tritonsoftmax.softmax(x, scale=0.5)
+        y.backward(dy)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.no_grad():
+        x.copy_(random_input((M, N), torch.float32, DEVICE, seed=11))
+    x.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    xr, yr = _reference(x, -1, scale=0.5)
+    yr.backward(dy.double())
+    assert (y.double() - yr).abs().max().item() <= 2e-6
+    assert (x.grad.double() - xr.grad).abs().max().item() <= 1e-5
