@@ -16,23 +16,20 @@ _BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "spl
 
 
 def family(name: str):
-    """The :class:`~tritonsoftmax.kernels._common.Family` called ``name`` (imports its module once)."""
-    fam = _loaded.get(name)
-    if fam is None:
-        if name not in FAMILY_NAMES:
-            raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(FAMILY_NAMES)}")
-        fam = importlib.import_module(f"{__name__}.{name}").FAMILY
-        _loaded[name] = fam
-    return fam
+    """The forward :class:`~tritonsoftmax.kernels._common.Family` called ``name`` (imports its module once)."""
+    return _load(name, name, "FAMILY")
 
 
 def backward_family(name: str):
     """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``)."""
-    key = f"{name}:bwd"
+    return _load(f"{name}:bwd", _BACKWARD_MODULE.get(name, name), "BWD_FAMILY")
+
+
+def _load(key: str, name: str, attr: str):
     fam = _loaded.get(key)
     if fam is None:
         if name not in FAMILY_NAMES:
             raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(FAMILY_NAMES)}")
-        fam = importlib.import_module(f"{__name__}.{_BACKWARD_MODULE[name]}").BWD_FAMILY
+        fam = getattr(importlib.import_module(f"{__name__}.{name}"), attr)
         _loaded[key] = fam
     return fam
