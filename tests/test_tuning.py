@@ -177,6 +177,37 @@ def test_tuner_command_writes_a_table(tmp_path):
     assert set(entries["fused"]["float32"]) == {512, 1024}
 
 
+def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--backward", "--families", "online",
+                          "--dtypes", "float32", "--n-min", "2048", "--n-max", "2048", "--m", "4", "--rep-ms", "5",
+                          "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    (table,) = out.rglob("*.yaml")
+    entries = yaml.safe_load(table.read_text())["entries"]
+    assert set(entries) >= {"online-bwd"} and 2048 in entries["online-bwd"]["float32"]
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(out))
+    tritonsoftmax.clear_caches()
+    from tritonsoftmax import dispatch
+
+    p = dispatch.plan("online", 4, 2048, torch.float32, torch.float32, torch.device(DEVICE), backward=True)
+    assert p.from_store and p.family.name == "online-bwd"
+
+
+@pytest.mark.gpu
+def test_committed_table_first_call_for_a_new_shape_does_no_benchmarking(monkeypatch):
+    from tritonsoftmax.kernels import _common
+
+    monkeypatch.setattr(tuning, "shipped_dir", lambda: REPO / "tune_cache")
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    monkeypatch.setattr(_common.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
+    tritonsoftmax.clear_caches()
+    for M, N, dtype in [(4096, 3000, torch.float32), (1000, 700, torch.bfloat16), (4096, 70000, torch.float16)]:
+        x = random_input((M, N), dtype, DEVICE, seed=N)
+        assert_softmax_close(tritonsoftmax.softmax(x), x)
+
+
 def test_shipped_tables_are_inside_the_wheel_and_found_from_it(tmp_path):
     wheel_dir = tmp_path / "wheel"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

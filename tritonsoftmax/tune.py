@@ -38,10 +38,51 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
     ap.add_argument("--rep-ms", type=float, default=25.0, help="do_bench repetition budget per config")
+    ap.add_argument("--backward", action="store_true",
+                    help="tune the families' backward kernels (stored as <family>-bwd) instead of the forward")
     dest = ap.add_mutually_exclusive_group()
     dest.add_argument("--repo", action="store_true", help="write the repository's tune_cache/ (contributing)")
     dest.add_argument("--out", type=Path, help="write under this directory instead of the user directory")
     return ap.parse_args(argv)
+
+
+class _Workload:
+    """One tuning shape: the tensors, how to run a prepared launch on them and check its result.
+
+    Forward: softmax of x into y (bytes: x read, y written). Backward: dx from dy and the saved
+    output y = softmax(x) (bytes: dy and y read, dx written)."""
+
+    def __init__(self, x: torch.Tensor, backward: bool):
+        from .layout import matrix_problem
+
+        self.backward = backward
+        if backward:
+            self.y = torch.softmax(x.float(), -1).to(x.dtype)
+            self.dy = torch.randn_like(x)
+            self.out = torch.empty_like(x)
+            self.problem = matrix_problem(self.y, self.out)
+            self.flags = {"LOG": 0}
+            self.args = (self.dy, self.out, self.y, 1.0)
+            self.nbytes = 3 * x.numel() * x.element_size()
+        else:
+            self.x, self.out = x, torch.empty_like(x)
+            self.problem = matrix_problem(x, self.out)
+            self.flags = FORWARD_FLAGS
+            self.args = (x, self.out, 1.0)
+            self.nbytes = 2 * x.numel() * x.element_size()
+
+    def run(self, launch) -> None:
+        launch(*self.args)
+
+    def error(self, launch) -> float:
+        """Max abs error of ``launch``'s result against float64."""
+        self.run(launch)
+        if self.backward:
+            y, dy = self.y.double(), self.dy.double()
+            ref = y * (dy - (dy * y).sum(-1, keepdim=True))
+        else:
+            ref = torch.softmax(self.x.double(), -1)
+        return (self.out.double() - ref).abs().max().item()
 
 
 def _timer(rep_ms: float):
@@ -60,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import dispatch, tuning
     from .config import n_bucket
     from .device import device_info, interpreter_active
-    from .kernels import FAMILY_NAMES, family
-    from .layout import matrix_problem
+    from .kernels import FAMILY_NAMES, backward_family, family
 
     if torch.cuda.is_available():
         dev = torch.device("cuda")
@@ -92,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 names += [f for f in args.families if f != "auto" and f not in names]
                 jobs += [(f, dname, N, M) for f in names if not (f == "fused" and N > 65536)]
     jobs = list(dict.fromkeys(jobs))
-    covers = (f"{'+'.join(args.families)}; {'/'.join(args.dtypes)}; N {buckets[0]}..{buckets[-1]}; "
+    covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
+              f"N {buckets[0]}..{buckets[-1]}; "
               f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})")
     print(f"tuning {len(jobs)} shapes on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
@@ -102,32 +143,29 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     for i, (fname, dname, N, M) in enumerate(jobs, 1):
         dtype = DTYPES[dname]
-        fam = family(fname)
-        x = torch.randn(M, N, generator=gen).to(dev, dtype)
-        y = torch.empty_like(x)
-        problem = matrix_problem(x, y)
+        fam = backward_family(fname) if args.backward else family(fname)
+        work = _Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
         timings = {}
         for config in fam.configs(info, M, N):
             try:
-                launch = fam.prepare(problem, config, info, flags=FORWARD_FLAGS)
-                timings[config] = timer(lambda launch=launch, x=x, y=y: launch(x, y, 1.0))
+                launch = fam.prepare(work.problem, config, info, flags=work.flags)
+                timings[config] = timer(lambda launch=launch, work=work: work.run(launch))
             except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
                 print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
         if not timings:
-            print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: no config ran", flush=True)
+            print(f"[{i}/{len(jobs)}] {fam.name} {dname} N={N} M={M}: no config ran", flush=True)
             continue
         best = min(timings, key=timings.get)
-        fam.prepare(problem, best, info, flags=FORWARD_FLAGS)(x, y, 1.0)
-        err = (y.double() - torch.softmax(x.double(), -1)).abs().max().item()
+        err = work.error(fam.prepare(work.problem, best, info, flags=work.flags))
         if not err <= 1e-2:
-            print(f"[{i}/{len(jobs)}] {fname} {dname} N={N} M={M}: best config gave error {err}; not recorded")
+            print(f"[{i}/{len(jobs)}] {fam.name} {dname} N={N} M={M}: best config gave error {err}; not recorded")
             continue
         ms = timings[best]
-        results.append((fname, dtype, N, M, best, ms))
-        gbs = 2 * x.numel() * x.element_size() / ms / 1e6
-        print(f"[{i}/{len(jobs)}] {fname:6} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best {best}  "
+        results.append((fam.name, dtype, N, M, best, ms))
+        gbs = work.nbytes / ms / 1e6
+        print(f"[{i}/{len(jobs)}] {fam.name:10} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best {best}  "
               f"{ms * 1e3:9.1f} us {gbs:7.0f} GB/s  ({time.time() - start:.0f} s)", flush=True)
-        del x, y
+        del work
         if i % 8 == 0 or i == len(jobs):  # write as we go: a run cut short keeps what it measured
             tuning.record(root, info, results, covers)
             results = []
