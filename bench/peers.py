@@ -16,11 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-OURS = ("auto", "fused", "tile", "online", "split")
+OURS = ("auto", "fused", "tile", "online", "split", "coop")
 REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
 PEERS = ("torch", "compile", "tutorial", "naive", "liger", "flaggems", "quack")
 ALL = OURS + REFERENCE + PEERS
 LABELS = {"auto": "tritonsoftmax", "fused": "ts-fused", "tile": "ts-tile", "online": "ts-online", "split": "ts-split",
+          "coop": "ts-coop",
           "copy": "copy",
           "torch": "torch.softmax", "compile": "torch.compile", "tutorial": "Triton tutorial", "naive": "naive torch",
           "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK"}

@@ -7,9 +7,10 @@ from softmax_ref import assert_softmax_close, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, online, split, tile
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, fused, online, split, tile
 
-LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch}
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch,
+             "coop": coop.launch}
 NS = [1, 2, 3, 17, 128, 1000, 1024, 4097, 20000]
 MS = [1, 3, 64]
 DTYPES = [torch.float32, torch.float16]
@@ -40,6 +41,7 @@ EXPLICIT = {
     "tile": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "split": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4), LaunchConfig.make(2, BLOCK=16, TILES=1, BLOCK_G=16)],
+    "coop": [LaunchConfig.make(1, BLOCK=32, TILES=1, BLOCK_G=8), LaunchConfig.make(2, BLOCK=16, TILES=2, BLOCK_G=4)],
 }
 
 
@@ -105,3 +107,55 @@ def test_online_masked_prefix_does_not_poison_row():
 def test_family_registry_names_match_modules():
     for name in FAMILY_NAMES:
         assert family(name).name == name
+
+
+def test_coop_rejects_config_with_too_few_partial_slots():
+    x = random_input((2, 300), torch.float32, DEVICE)
+    with pytest.raises(ValueError, match="BLOCK_G"):
+        coop.launch(x, poisoned_like(x), LaunchConfig.make(1, BLOCK=32, TILES=1, BLOCK_G=4))
+
+
+def test_coop_refuses_more_programs_a_row_than_can_run_together():
+    from test_dispatch import SM90
+
+    from tritonsoftmax.layout import matrix_problem
+
+    x = torch.empty(2, 133 * 1024)
+    config = LaunchConfig.make(4, BLOCK=1024, TILES=1, BLOCK_G=256)  # 133 programs a row, 132 SMs
+    with pytest.raises(ValueError, match="SM count"):
+        coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=False)
+    coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=True)  # no waiting: any G
+
+
+@pytest.mark.parametrize("G", [1, 3])
+def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
+    x = random_input((3, 96), torch.float32, DEVICE)
+    x[:, 32:64] = float("-inf")  # exactly one whole chunk (G = 3) or a third of the only one
+    x[2] = float("-inf")  # and a row of all -inf: NaN like torch
+    y = poisoned_like(x)
+    coop.launch(x, y, LaunchConfig.make(1, BLOCK=32 if G == 3 else 128, TILES=1, BLOCK_G=4))
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_coop_cooperative_launch_runs_and_leaves_its_counters_at_zero(log):
+    """The single cooperative launch (ticket, row barrier, counter resets). Under the interpreter
+    programs run one after another, so there it runs with one program a row (G = 1); the GPU suite
+    runs it with many programs a row."""
+    from tritonsoftmax.device import device_info
+    from tritonsoftmax.layout import matrix_problem
+
+    M, N = 6, 200
+    G = 1 if DEVICE == "cpu" else 4
+    config = LaunchConfig.make(2, BLOCK=256 // G, TILES=1, BLOCK_G=G)
+    x = random_input((M, N), torch.float32, DEVICE, seed=4)
+    for _ in range(3):  # the counters must be back at zero for each next launch
+        y = poisoned_like(x)
+        launch = coop.FAMILY.prepare(matrix_problem(x, y), config, device_info(x.device),
+                                     flags={"LOG": int(log), "ZERO_MASKED": 0}, two_phase=False)
+        assert len(launch.launches) == 1
+        launch(x, y, 1.0)
+        ref = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
+        assert (y.double() - ref).abs().max().item() <= 1e-5
+    _, sync = coop.scratch(x.device, 0, M + 1)
+    assert (sync[:M + 1] == 0).all().item()

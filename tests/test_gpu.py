@@ -7,10 +7,11 @@ from softmax_ref import TOL, assert_softmax_close, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, split, tile
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, fused, online, split, tile
 
 pytestmark = pytest.mark.gpu
-LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch}
+LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch,
+             "coop": coop.launch}
 
 
 @pytest.mark.parametrize("M,N", [(1, 1), (3, 17), (64, 1000), (4096, 256), (8, 2048), (32, 8192), (7, 16384)])
@@ -25,7 +26,7 @@ def test_bf16_every_family(impl, M, N):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 4096), (1024, 16384), (64, 65536), (4, 1048576), (1, 8388608),
                                  (2, 3000017)])
-@pytest.mark.parametrize("impl", ["auto", "tile", "online", "split"])
+@pytest.mark.parametrize("impl", ["auto", "tile", "online", "split", "coop"])
 def test_long_rows(impl, M, N, dtype):
     x = random_input((M, N), dtype, DEVICE, seed=N)
     assert_softmax_close(tritonsoftmax.softmax(x, impl=impl), x)
@@ -37,11 +38,12 @@ def test_many_tiny_rows(M, N):
     assert_softmax_close(tritonsoftmax.softmax(x, impl="fused"), x)
 
 
-def test_more_than_2_pow_31_elements():
+@pytest.mark.parametrize("impl", ["online", "coop"])
+def test_more_than_2_pow_31_elements(impl):
     M, N = 32769, 65536  # 2^31 + 65536 elements, bf16: 4 GiB in, 4 GiB out
     x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
     y = torch.full_like(x, float("nan"))
-    online.launch(x, y)
+    LAUNCHERS[impl](x, y)
     worst = 0.0
     for r in range(0, M, 1024):  # every element, a chunk of rows at a time
         ref = torch.softmax(x[r:r + 1024].double(), -1)
@@ -79,3 +81,41 @@ def test_launch_hooks_fire_on_warm_calls():
         hook.remove(fn)
     assert len(calls) == 1
     assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 65536), (1, 131072), (8, 131072), (3, 2000003), (1, 8388608)])
+def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
+    """Many launches in a row (counters reset by the kernels) and the cooperative result equal to
+    the two-launch mode's, element for element: the same arithmetic, only the waiting differs."""
+    from tritonsoftmax.layout import matrix_problem
+
+    x = random_input((M, N), dtype, DEVICE, seed=M)
+    info = device_info(x.device)
+    flags = {"LOG": 0, "ZERO_MASKED": 0}
+    two = poisoned_like(x)
+    coop.FAMILY.prepare(matrix_problem(x, two), None, info, flags=flags, two_phase=True)(x, two, 1.0)
+    y = poisoned_like(x)
+    launch = coop.FAMILY.prepare(matrix_problem(x, y), None, info, flags=flags, two_phase=False)
+    for _ in range(20):
+        launch(x, y, 1.0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, two)
+    assert_softmax_close(y, x)
+    _, sync = coop.scratch(x.device, 0, M + 1)
+    assert (sync[:M + 1] == 0).all().item(), "counters left non-zero"
+
+
+def test_coop_on_two_streams_at_once():
+    x = random_input((512, 65536), torch.float32, DEVICE, seed=1)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [poisoned_like(x) for _ in streams]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(5):
+        for s, y in zip(streams, outs, strict=True):
+            with torch.cuda.stream(s):
+                coop.launch(x, y)
+    torch.cuda.synchronize()
+    for y in outs:
+        assert_softmax_close(y, x)

@@ -9,7 +9,7 @@ from softmax_ref import TOL, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.kernels import FAMILY_NAMES, fused, online, split
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, fused, online, split
 
 IMPLS = ("auto",) + FAMILY_NAMES
 GRAD_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -87,12 +87,15 @@ def test_scale_must_be_a_number():
         tritonsoftmax.softmax(torch.ones(2, 3, device=DEVICE), scale=torch.tensor(2.0))
 
 
-BWD = {"fused": fused.launch_backward, "online": online.launch_backward, "split": split.launch_backward}
+BWD = {"fused": fused.launch_backward, "online": online.launch_backward, "split": split.launch_backward,
+       "coop": coop.launch_backward}
 BWD_CONFIGS = {
     "fused": [LaunchConfig.make(1, BLOCK_N=128, ROWS=4), LaunchConfig.make(2, BLOCK_N=256, ROWS=1)],
     "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "split": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4), LaunchConfig.make(2, BLOCK=16, TILES=1,
                                                                                     BLOCK_G=16)],
+    "coop": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=2), LaunchConfig.make(2, BLOCK=16, TILES=1,
+                                                                                   BLOCK_G=8)],
 }
 
 
@@ -212,18 +215,19 @@ def test_gpu_gradients_long_and_few_rows(M, N, dtype, log):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["auto", "coop", "split"])
 @pytest.mark.parametrize("M,N", [(64, 1000), (4, 1048576)])
-def test_cuda_graph_capture_and_replay_forward_and_backward(M, N):
+def test_cuda_graph_capture_and_replay_forward_and_backward(M, N, impl):
     x = random_input((M, N), torch.float32, DEVICE).requires_grad_()
     dy = random_input((M, N), torch.float32, DEVICE, seed=9)
     for _ in range(2):  # warm up: compile, prepare
-        tritonsoftmax.softmax(x, scale=0.5).backward(dy)
+        tritonsoftmax.softmax(x, scale=0.5, impl=impl).backward(dy)
     x.grad = None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        y = tritonsoftmax.softmax(x, scale=0.5)
+        y = tritonsoftmax.softmax(x, scale=0.5, impl=impl)
         y.backward(dy)
     torch.cuda.current_stream().wait_stream(stream)
     with torch.no_grad():

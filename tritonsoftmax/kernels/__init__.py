@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-FAMILY_NAMES = ("fused", "tile", "online", "split")
+FAMILY_NAMES = ("fused", "tile", "online", "split", "coop")
 
 _loaded: dict = {}
 # The backward of each forward family: tile's is online's (both are the two-pass looped kernel).
-_BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split"}
+_BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split", "coop": "coop"}
 
 
 def family(name: str):
@@ -21,7 +21,7 @@ def family(name: str):
 
 
 def backward_family(name: str):
-    """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``)."""
+    """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``, ``coop-bwd``)."""
     return _load(f"{name}:bwd", _BACKWARD_MODULE.get(name, name), "BWD_FAMILY")
 
 

@@ -1,0 +1,329 @@
+"""Coop family: the programs of a row cooperate in one launch, so each element is read from DRAM once.
+
+A row is cut into G chunks of TILES x BLOCK elements, one program per chunk. With TILES == 1 a
+program keeps its chunk in registers: it reduces it to a (max, sum) partial, publishes the partial
+to a workspace, waits at its row's barrier until all G partials are there, combines them and
+writes its chunk from registers. With TILES > 1 (rows too long for G <= SM-count chunks held on
+chip) it reduces the chunk tile by tile and re-reads it after the barrier, last tile first.
+
+Forward progress: each program takes a ticket from an atomic counter when it starts and works
+on chunk ticket % G of row ticket // G. Tickets go out in start order, so a waiting program only
+waits for partners that already run or that can start: when a row still has chunks without a
+program, no later row has one, so every resident program belongs to that row; with G at most the
+SM count there is a free slot for the next one. The ticket counter and the row counters reset
+themselves at the end of every launch (the last ticket holder, the last program to leave a row),
+so one zeroed buffer per (device, stream) serves every launch on that stream.
+
+Programs that wait for each other deadlock under the Triton interpreter, which runs programs one
+after another. There (and whenever ``two_phase`` is asked for) the same kernel runs as two
+launches: PHASE 1 publishes the partials, PHASE 2 combines and writes; PHASE 0 is the cooperative
+single launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import driver
+
+from ..config import LaunchConfig, n_bucket, next_power_of_2
+from ..device import DeviceInfo, interpreter_active
+from ..layout import RowProblem
+from . import _common
+from ._common import Family, PreparedLaunch, finish, grad_input, grad_term, load_scaled, row_offsets
+from .online import online_update
+
+IMPL = "coop"
+BLOCKS = (1024, 2048, 4096, 8192, 16384)
+MAX_BLOCK = 8192  # the heuristic's widest chunk: 32 fp32 values a thread at 8 warps (the prototype's)
+PROGRAMS_PER_SM = 4  # the heuristic narrows chunks until all rows give this many programs per SM
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def take_ticket(sync_ptr, total, PHASE: tl.constexpr):
+    """This program's ticket: start order in the cooperative launch (PHASE 0), else its program id.
+
+    sync_ptr[0] counts tickets; the holder of the last one (total - 1) sets it back to 0."""
+    if PHASE == 0:
+        ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+        tl.store(sync_ptr, 0, mask=ticket == total - 1)
+    else:
+        ticket = tl.program_id(0)
+    return ticket
+
+
+@triton.jit
+def row_barrier(count_ptr, G):
+    """Wait until the G programs of a row have arrived; what each stored before arriving is then
+    visible to all. The counter goes 0 -> G (arrivals) -> 2G (departures); the last program to
+    leave sets it back to 0, when no program of the row reads it any more."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while seen < G:
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+    left = tl.atomic_add(count_ptr, 1, sem="relaxed")
+    tl.store(count_ptr, 0, mask=left == 2 * G - 1)
+
+
+@triton.jit
+def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
+    """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1]:
+    s = sum s_g * exp(m_g - max), an all -inf chunk adding 0. Volatile loads: the partials were
+    written by other programs of this launch."""
+    gs = tl.arange(0, BLOCK_G)
+    m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=NEG_INF, volatile=True)
+    s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=True)
+    m = tl.max(m_g, axis=0)
+    s = tl.sum(tl.where(m_g == NEG_INF, 0.0, s_g * tl.exp(m_g - m)), axis=0)
+    return m, s
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_coop_fwd_kernel(
+    x_ptr, y_ptr, ws_ptr, sync_ptr, scale, M, N, INNER,
+    stride_x_outer, stride_x_inner, stride_x_col,
+    stride_y_outer, stride_y_inner, stride_y_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
+    BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
+):
+    """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
+
+    x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
+    ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
+    exp(z - max) over the chunk). sync_ptr: int32 zeros, [0] the ticket counter, [1 + r] row r's
+    barrier; both back to 0 when the launch ends. BLOCK: tile width; TILES: tiles per chunk (1: the
+    chunk stays in registers, one read); BLOCK_G: power of two >= G. PHASE: 0 cooperative,
+    1 partials only, 2 combine and write only (the two-launch mode).
+    """
+    G = tl.cdiv(N, TILES * BLOCK)
+    ticket = take_ticket(sync_ptr, M * G, PHASE)
+    row = ticket // G
+    first = (ticket % G) * (TILES * BLOCK)
+    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
+    offs = tl.arange(0, BLOCK)
+    if TILES == 1:
+        z = load_scaled(x_row + (first + offs) * stride_x_col, first + offs < N, scale)
+        m = tl.max(z, axis=0)
+        s = tl.sum(tl.exp(z - tl.where(m == NEG_INF, 0.0, m)), axis=0)
+    else:
+        m = tl.max(tl.full([BLOCK], NEG_INF, tl.float32), axis=0)
+        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        for t in range(0, TILES):
+            cols = first + t * BLOCK + offs
+            m, s = online_update(m, s, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
+    if PHASE != 2:
+        tl.store(ws_ptr + 2 * ticket, m)
+        tl.store(ws_ptr + 2 * ticket + 1, s)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G)
+    if PHASE != 1:
+        m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G)
+        y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
+        if TILES == 1:
+            y = finish(z, m_r, s_r, LOG, ZERO_MASKED)
+            tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=first + offs < N)
+        else:
+            for t in range(0, TILES):
+                cols = first + (TILES - 1 - t) * BLOCK + offs
+                mask = cols < N
+                y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m_r, s_r, LOG, ZERO_MASKED)
+                tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_coop_bwd_kernel(
+    dy_ptr, dx_ptr, ws_ptr, sync_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
+):
+    """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
+    chunk into ws[ticket] (one word), waits at the row barrier, adds the row's G partials and
+    writes dx = grad_input(...) (from registers when TILES == 1, else re-reading, last tile first).
+
+    dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward.
+    """
+    G = tl.cdiv(N, TILES * BLOCK)
+    ticket = take_ticket(sync_ptr, M * G, PHASE)
+    row = ticket // G
+    first = (ticket % G) * (TILES * BLOCK)
+    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
+    offs = tl.arange(0, BLOCK)
+    if TILES == 1:
+        mask = first + offs < N
+        dy = tl.load(dy_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        part = tl.sum(grad_term(dy, y, LOG), axis=0)
+    else:
+        acc = tl.zeros([BLOCK], tl.float32)
+        for t in range(0, TILES):
+            cols = first + t * BLOCK + offs
+            dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=cols < N, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=cols < N, other=0.0).to(tl.float32)
+            acc += grad_term(dy, y, LOG)
+        part = tl.sum(acc, axis=0)
+    if PHASE != 2:
+        tl.store(ws_ptr + ticket, part)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G)
+    if PHASE != 1:
+        gs = tl.arange(0, BLOCK_G)
+        red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0, volatile=True), axis=0)
+        d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
+        if TILES == 1:
+            dx = grad_input(dy, y, red, scale, LOG)
+            tl.store(d_row + (first + offs) * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        else:
+            for t in range(0, TILES):
+                cols = first + (TILES - 1 - t) * BLOCK + offs
+                mask = cols < N
+                dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+                y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+                dx = grad_input(dy, y, red, scale, LOG)
+                tl.store(d_row + cols * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def max_chunks(device: DeviceInfo) -> int:
+    """The most programs a row may have: the forward-progress argument needs G <= SM count."""
+    return max(1, device.sm_count)
+
+
+def chunks(N: int, meta: dict) -> int:
+    """G: programs per row for a config."""
+    return triton.cdiv(N, meta["BLOCK"] * meta["TILES"])
+
+
+def _shape_config(device: DeviceInfo, N: int, block: int, num_warps: int) -> LaunchConfig:
+    """TILES and BLOCK_G for a BLOCK, sized on the N bucket (so one config serves the bucket):
+    one tile a chunk while the row fits in max_chunks chunks, else as many tiles as it takes."""
+    nb = n_bucket(N)
+    tiles = next_power_of_2(triton.cdiv(nb, block * max_chunks(device)))
+    return LaunchConfig.make(num_warps, BLOCK=block, TILES=tiles,
+                             BLOCK_G=next_power_of_2(triton.cdiv(nb, block * tiles)))
+
+
+def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+    out = []
+    for block in BLOCKS:
+        if block > max(BLOCKS[0], next_power_of_2(N)):
+            continue
+        for nw in _common.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
+            out.append(_shape_config(device, N, block, nw))
+    return _common.with_backend_options(device, out)
+
+
+def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    """Chunks of MAX_BLOCK elements, narrower (down to 1024) when M rows would give fewer than
+    PROGRAMS_PER_SM programs per SM; 8..32 elements a thread."""
+    want = PROGRAMS_PER_SM * device.sm_count
+    block = max(BLOCKS[0], min(MAX_BLOCK, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
+    block = min(block, max(BLOCKS[0], next_power_of_2(N)))
+    warps = max(4, min(16, block // 1024))
+    warps = min(warps, device.max_threads_per_program // device.warp_size)
+    return _shape_config(device, N, block, warps)
+
+
+def _grid(M: int, N: int, meta: dict) -> tuple[int]:
+    return (M * chunks(N, meta),)
+
+
+_scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 view, capacity in words)
+
+
+def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workspace and the zeroed counters for a launch on ``device``'s current stream.
+
+    One buffer per (device, stream), grown when a launch needs more; kernels leave the counters at
+    0. Launches on one stream run one after another, so they can share it. During CUDA-graph
+    capture a fresh buffer is made (its zero fill is captured too) and not kept."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, driver.active.get_current_stream(index))
+    else:
+        key = (device.type, 0)
+    found = _scratch.get(key)
+    if found is not None and found[2] >= ws_words and found[3] >= sync_words:
+        return found[0], found[1]
+    ws_cap = max(ws_words, 2 * (found[2] if found else 0), 4096)
+    ws_cap = -(-ws_cap // 4) * 4  # the counters start 16-byte aligned
+    sync_cap = max(sync_words, 2 * (found[3] if found else 0), 1024)
+    buf = torch.zeros(ws_cap + sync_cap, device=device, dtype=torch.float32)
+    views = (buf[:ws_cap], buf[ws_cap:].view(torch.int32), ws_cap, sync_cap)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _scratch[key] = views
+    return views[0], views[1]
+
+
+class CoopLaunch:
+    """The coop kernel on one problem, ready to start again and again (see PreparedLaunch).
+
+    One cooperative launch on a GPU; two launches (PHASE 1, then 2) under the interpreter or with
+    ``two_phase``. Without a config it uses the heuristic (a waiting kernel is not something to
+    hand to Triton's autotuner; ``python -m tritonsoftmax.tune --families coop`` times each config
+    and stores the winner). A config is checked for enough partial slots (BLOCK_G >= G) and, for
+    the cooperative launch, for forward progress (G <= max_chunks)."""
+
+    def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
+                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
+        self.problem, self.device = problem, device
+        self.config = config or _heuristic(device, problem.M, problem.N)
+        g = chunks(problem.N, dict(self.config.meta))
+        if two_phase is None:
+            two_phase = interpreter_active()
+        if not two_phase and g > max_chunks(device):
+            raise ValueError(f"coop config {self.config}: {g} programs a row; at most {max_chunks(device)} "
+                             f"(the SM count) can be guaranteed to run together on {device.name}")
+        if next_power_of_2(g) > self.config["BLOCK_G"]:
+            raise ValueError(f"coop config {self.config}: BLOCK_G must be >= the {g} chunks of a "
+                             f"{problem.N}-element row")
+        phases = (1, 2) if two_phase else (0,)
+        self.launches = [PreparedLaunch(family, problem, self.config, device, flags={**(flags or {}), "PHASE": p})
+                         for p in phases]
+        self.ws_words = family.words * problem.M * g
+        self.sync_words = 1 + problem.M
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
+        ws, sync = scratch(x.device, self.ws_words, self.sync_words)
+        for launch in self.launches:
+            launch(x, y, ws, sync, *extra)
+        return self.config
+
+
+class CoopFamily(Family):
+    """A coop family as the dispatcher sees it: ``prepare`` gives a :class:`CoopLaunch`.
+    ``words``: workspace floats per program (2 forward, 1 backward)."""
+
+    def __init__(self, name: str, kernel, words: int):
+        super().__init__(name, kernel, _configs, _heuristic, _grid)
+        self.words = words
+
+    def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
+                from_store: bool = False, flags: dict[str, int] | None = None,
+                two_phase: bool | None = None) -> CoopLaunch:
+        return CoopLaunch(self, problem, config, device, flags, two_phase)
+
+
+FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, words=2)
+BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, words=1)
+
+
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+    ``config`` or the heuristic."""
+    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
+                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+
+
+def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
+                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig:
+    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
+    output ``y2d`` (one layout)."""
+    _common.check_same_layout(dy2d, y2d)
+    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})
