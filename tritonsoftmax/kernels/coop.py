@@ -38,7 +38,7 @@ IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 MAX_BLOCK = 8192  # the heuristic's widest chunk: 32 fp32 values a thread at 8 warps (the prototype's)
 PROGRAMS_PER_SM = 4  # the heuristic narrows chunks until all rows give this many programs per SM
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
