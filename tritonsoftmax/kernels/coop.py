@@ -97,8 +97,9 @@ def _softmax_coop_fwd_kernel(
     ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
     exp(z - max) over the chunk). sync_ptr: int32 zeros, [0] the ticket counter, [1 + r] row r's
     barrier; both back to 0 when the launch ends. BLOCK: tile width; TILES: tiles per chunk (1: the
-    chunk stays in registers, one read); BLOCK_G: power of two >= G. PHASE: 0 cooperative,
-    1 partials only, 2 combine and write only (the two-launch mode).
+    chunk stays in registers, one read, its exponentials rescaled rather than taken again);
+    BLOCK_G: power of two >= G. PHASE: 0 cooperative, 1 partials only, 2 combine and write only
+    (the two-launch mode).
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
@@ -109,7 +110,8 @@ def _softmax_coop_fwd_kernel(
     if TILES == 1:
         z = load_scaled(x_row + (first + offs) * stride_x_col, first + offs < N, scale)
         m = tl.max(z, axis=0)
-        s = tl.sum(tl.exp(z - tl.where(m == NEG_INF, 0.0, m)), axis=0)
+        e = tl.exp(z - tl.where(m == NEG_INF, 0.0, m))
+        s = tl.sum(e, axis=0)
     else:
         m = tl.max(tl.full([BLOCK], NEG_INF, tl.float32), axis=0)
         s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
@@ -125,7 +127,12 @@ def _softmax_coop_fwd_kernel(
         m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G)
         y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
         if TILES == 1:
-            y = finish(z, m_r, s_r, LOG, ZERO_MASKED)
+            if LOG:
+                y = finish(z, m_r, s_r, LOG, ZERO_MASKED)
+            else:  # rescale the exponentials already taken: exp(z - m_r) = e * exp(m - m_r)
+                y = e * (tl.exp(m - m_r) / s_r)
+                if ZERO_MASKED:
+                    y = tl.where(m_r == NEG_INF, 0.0, y)
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=first + offs < N)
         else:
             for t in range(0, TILES):
