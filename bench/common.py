@@ -14,6 +14,7 @@ DESIGN_FWD_SHAPES = {
     torch.bfloat16: [(4096, 256), (4096, 1024), (4096, 4096), (4096, 65536), (65536, 2048), (4, 1048576),
                      (1, 8388608)],
 }
+DESIGN_FWD_SHAPES[torch.float16] = DESIGN_FWD_SHAPES[torch.bfloat16]  # the notes give no fp16 row: bf16's shapes
 
 
 # The design notes' backward table (M, N).
@@ -22,6 +23,7 @@ DESIGN_BWD_SHAPES = {
                     (4, 1048576)],
     torch.bfloat16: [(4096, 65536), (4, 1048576)],
 }
+DESIGN_BWD_SHAPES[torch.float16] = DESIGN_BWD_SHAPES[torch.bfloat16]
 
 
 def fwd_bytes(M: int, N: int, dtype: torch.dtype) -> int:

@@ -25,16 +25,32 @@ def test_fused_capacity_follows_register_file():
     assert dispatch.fused_capacity(GFX1201) == 16384
 
 
-@pytest.mark.parametrize("N,impl", [(1, "fused"), (2048, "fused"), (16384, "fused"), (16385, "online"),
-                                    (262144, "online"), (8388608, "online")])
-def test_rule_table_on_h200(N, impl):
-    assert dispatch.choose(4096, N, torch.float32, SM90).impl == impl
+@pytest.mark.parametrize("N,fp32,bf16,bf16_backward", [
+    (1, "fused", "fused", "fused"), (2048, "fused", "fused", "fused"), (16384, "fused", "fused", "fused"),
+    (16385, "coop", "online", "coop"), (262144, "coop", "online", "coop"),
+    (132 * 8192, "coop", "online", "coop"), (132 * 8192 + 1, "online", "online", "online"),
+    (8388608, "online", "online", "online")])
+def test_rule_table_on_h200(N, fp32, bf16, bf16_backward):
+    assert dispatch.choose(4096, N, torch.float32, SM90).impl == fp32
+    assert dispatch.choose(4096, N, torch.float32, SM90, backward=True).impl == fp32
+    assert dispatch.choose(4096, N, torch.bfloat16, SM90).impl == bf16
+    assert dispatch.choose(4096, N, torch.bfloat16, SM90, backward=True).impl == bf16_backward
 
 
-@pytest.mark.parametrize("M,N,impl", [(1, 8388608, "split"), (32, 152064, "split"), (263, 65536, "split"),
-                                      (264, 65536, "online"), (8, 16384, "fused")])
-def test_few_long_rows_go_to_split_by_row_count_and_sm_count(M, N, impl):
+@pytest.mark.parametrize("M,N,impl", [(1, 8388608, "split"), (1, 2097152, "split"), (32, 152064, "split"),
+                                      (1, 131072, "coop"), (8, 131072, "coop"), (4, 1048576, "coop"),
+                                      (263, 65536, "split"), (8, 16384, "fused")])
+def test_few_long_rows_go_to_coop_when_they_fit_at_once_else_split(M, N, impl):
     assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
+    assert dispatch.choose(M, N, torch.bfloat16, SM90).impl == impl
+    assert dispatch.choose(264, 65536, torch.float32, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
+
+
+@pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)
+def test_cooperative_kernels_are_not_picked_on_amd(device):
+    for M, N in [(1, 131072), (4, 1048576), (4096, 65536), (4096, 262144)]:
+        for backward in (False, True):
+            assert dispatch.choose(M, N, torch.float32, device, backward).impl != "coop"
 
 
 def test_every_rule_says_why():

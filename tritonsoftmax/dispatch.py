@@ -27,6 +27,14 @@ FUSED_PROGRAMS_PER_SM = 4
 # each row over many programs instead. H200 design table: online (one program a row) reaches
 # 0.03-0.31x the best peer at 1..32 rows of 131072..8M elements.
 FEW_ROWS_PER_SM = 2
+# The coop family keeps a row's chunks in registers while the row's programs wait for each other.
+# Few rows go to it when all their programs fit on the GPU at once (COOP_PROGRAMS_PER_SM programs
+# of up to COOP_CHUNK elements per SM); beyond that split's two launches win (H200: 32x152064 fp32
+# 1860 vs 1594 GB/s, 1x8M 1956 vs 1494). Many long rows go to it in fp32 and in every backward;
+# a 16-bit forward stays on online (4096x65536 bf16: online 2753, best coop config 2585 GB/s).
+# Used on CUDA only: the cooperative kernel has been measured on the H200 and never run on AMD.
+COOP_PROGRAMS_PER_SM = 4
+COOP_CHUNK = 8192
 
 
 def fused_capacity(device: DeviceInfo) -> int:
@@ -43,6 +51,22 @@ class Shape:
     N: int
     dtype: torch.dtype
     device: DeviceInfo
+    backward: bool = False
+
+
+def few_rows(s: Shape) -> bool:
+    """Fewer rows than FEW_ROWS_PER_SM per SM: one program a row would leave most SMs idle."""
+    return s.M < FEW_ROWS_PER_SM * s.device.sm_count
+
+
+def coop_single_read(s: Shape) -> bool:
+    """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM."""
+    return s.device.backend == "cuda" and s.N <= s.device.sm_count * COOP_CHUNK
+
+
+def coop_fits_at_once(s: Shape) -> bool:
+    """Every program of every row can be resident at the same time (one wave, single read)."""
+    return coop_single_read(s) and s.M * s.N <= s.device.sm_count * COOP_PROGRAMS_PER_SM * COOP_CHUNK
 
 
 @dataclass(frozen=True)
@@ -55,16 +79,20 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
+    Rule("coop", "few long rows, all on chip at once: one cooperative launch, each element read once",
+         lambda s: few_rows(s) and coop_fits_at_once(s)),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
-         lambda s: s.M < FEW_ROWS_PER_SM * s.device.sm_count),
+         few_rows),
+    Rule("coop", "many long rows, fp32 or backward: one cooperative launch, each element read once",
+         lambda s: coop_single_read(s) and (s.dtype == torch.float32 or s.backward)),
     Rule("online", "many long rows: one (max, sum) pass and one write pass, two reads per element",
          lambda s: True),
 )
 
 
-def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo) -> Rule:
-    """The first rule of :data:`RULES` that holds for this shape."""
-    shape = Shape(M, N, dtype, device)
+def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: bool = False) -> Rule:
+    """The first rule of :data:`RULES` that holds for this shape (of the forward, or the backward)."""
+    shape = Shape(M, N, dtype, device, backward)
     for rule in RULES:
         if rule.holds(shape):
             return rule
@@ -87,13 +115,13 @@ _plans: dict[tuple, Plan] = {}
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
          device: torch.device, backward: bool = False) -> Plan:
-    """The cached launch plan for one call shape (``impl`` already validated). The backward uses
-    the same rules and the backward kernel of the family they pick."""
+    """The cached launch plan for one call shape (``impl`` already validated). The backward runs
+    the backward kernel of the family the rules pick for it."""
     key = (impl, M, N, dtype, out_dtype, device, backward)
     p = _plans.get(key)
     if p is None:
         info = device_info(device)
-        name = choose(M, N, dtype, info).impl if impl == "auto" else impl
+        name = choose(M, N, dtype, info, backward).impl if impl == "auto" else impl
         if name == "fused":
             from .kernels.fused import check_row_length
 

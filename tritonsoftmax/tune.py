@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         for N in buckets:
             for m in args.m:
                 M = max(1, min(m, args.max_elements // N))
-                names = [dispatch.choose(M, N, DTYPES[dname], info).impl] if "auto" in args.families else []
+                auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward).impl
+                names = [auto] if "auto" in args.families else []
                 names += [f for f in args.families if f != "auto" and f not in names]
                 jobs += [(f, dname, N, M) for f in names if not (f == "fused" and N > 65536)]
     jobs = list(dict.fromkeys(jobs))
