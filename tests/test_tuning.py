@@ -54,6 +54,13 @@ def test_nearest_m_bucket_wins(user_table):
     assert tuning.lookup(SM90, "fused", torch.float32, 2048, 60000).config == CFG
 
 
+def test_an_entry_tuned_on_many_rows_is_not_used_for_a_handful(user_table):
+    tuning.record(user_table, SM90, [("coop", torch.float32, 131072, 1024, CFG, 0.3)])
+    assert tuning.lookup(SM90, "coop", torch.float32, 131072, 4096).config == CFG  # a factor of 4
+    assert tuning.lookup(SM90, "coop", torch.float32, 131072, 64).config == CFG  # 16
+    assert tuning.lookup(SM90, "coop", torch.float32, 131072, 8) is None  # 128: the heuristic decides
+
+
 @pytest.mark.parametrize("content", ["{not yaml: [", "schema: 99\nentries: {}\n", "- just\n- a list\n",
                                      "schema: 1\nentries:\n  fused:\n    float32:\n      2048:\n        4096:\n"
                                      "          config: {BLOCK_N: 20"])

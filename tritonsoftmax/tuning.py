@@ -120,9 +120,14 @@ def roots() -> list[Path]:
     return out
 
 
+NEAREST_M = 16  # an entry serves row counts up to this factor away from the one it was tuned at
+
+
 def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int) -> Entry | None:
     """The stored config for this shape, or None. The N bucket must match; among its M buckets
-    the exact one wins, else the nearest (in powers of 4). The first root that has the N bucket wins."""
+    the exact one wins, else the nearest (in powers of 4) within a factor of NEAREST_M: a config
+    tuned on thousands of rows (several rows a program, chunks sized to fill the GPU with many
+    rows) is not used for a handful. The first root that has a usable entry wins."""
     if dtype not in DTYPE_NAMES:
         return None
     nb, mb = n_bucket(N), m_bucket(M)
@@ -133,6 +138,8 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int) 
             continue
         try:
             best = min((int(k) for k in by_m), key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
+            if abs(best.bit_length() - mb.bit_length()) > NEAREST_M.bit_length() - 1:
+                continue
             item = by_m[best]
             return Entry(LaunchConfig.from_dict(item["config"]), item.get("ms"), path)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
