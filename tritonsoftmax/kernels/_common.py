@@ -247,6 +247,40 @@ def launch_matrix(family: Family, x2d: torch.Tensor, out2d: torch.Tensor, config
     return prepared(x2d, out2d, *extra)
 
 
+def launch_forward(family: Family, x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None,
+                   scale: float, log: bool, zero_masked_rows: bool) -> LaunchConfig | None:
+    """What every family module's ``launch`` does: softmax (log_softmax with ``log``) of ``x2d``'s
+    rows into ``out2d`` (same shape, any strides) with ``family``; see :func:`launch_matrix`."""
+    return launch_matrix(family, x2d, out2d, config, (float(scale),),
+                         {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+
+
+def launch_backward(family: Family, dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor,
+                    config: LaunchConfig | None, scale: float, log: bool) -> LaunchConfig | None:
+    """What every family module's ``launch_backward`` does: dx into ``dx2d`` from the incoming
+    gradient ``dy2d`` and the saved output ``y2d`` (one layout) with the backward ``family``."""
+    check_same_layout(dy2d, y2d)
+    return launch_matrix(family, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})
+
+
+def family_launchers(family: Family, bwd_family: Family):
+    """The module-level ``launch`` and ``launch_backward`` of a family module with no checks of its own."""
+
+    def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+               log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
+        """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
+        ``config`` runs exactly that config, else the family's own choice (autotuned or heuristic)."""
+        return launch_forward(family, x2d, out2d, config, scale, log, zero_masked_rows)
+
+    def launch_bwd(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
+                   *, scale: float = 1.0, log: bool = False) -> LaunchConfig | None:
+        """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
+        output ``y2d`` (one layout)."""
+        return launch_backward(bwd_family, dy2d, y2d, dx2d, config, scale, log)
+
+    return launch, launch_bwd
+
+
 def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 8,
                  max_per_thread: int = 32) -> list[int]:
     """num_warps values that give each thread between min and max elements of a program's tile."""

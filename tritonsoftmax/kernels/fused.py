@@ -120,8 +120,7 @@ def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None =
     """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
     ``config`` skips autotuning."""
     _check(x2d.shape[1], config)
-    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
-                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
 
 
 def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
@@ -129,5 +128,4 @@ def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, c
     """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from the incoming gradient
     ``dy2d`` and the saved output ``y2d`` (dy2d and y2d share one layout)."""
     _check(y2d.shape[1], config)
-    _common.check_same_layout(dy2d, y2d)
-    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})
+    return _common.launch_backward(BWD_FAMILY, dy2d, y2d, dx2d, config, scale, log)

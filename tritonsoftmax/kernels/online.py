@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ..config import LaunchConfig
 from . import _common
 from ._common import Family, finish, grad_input, grad_term, load_scaled, row_offsets
 from .tile import _configs, _grid, _heuristic  # same search space: BLOCK x num_warps x stages
@@ -99,17 +97,4 @@ FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)
 BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_online_bwd_kernel, _configs, _heuristic, _grid)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
-           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
-    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
-    ``config`` skips autotuning."""
-    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
-                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
-
-
-def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
-                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig | None:
-    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
-    output ``y2d`` (one layout). Also the tile family's backward."""
-    _common.check_same_layout(dy2d, y2d)
-    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})
+launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)  # launch_backward: tile's too

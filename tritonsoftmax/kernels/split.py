@@ -236,17 +236,4 @@ BWD_FAMILY = SplitFamily(f"{IMPL}-bwd", (_pass("split-bwd-partial", _softmax_spl
                                          _pass("split-bwd-write", _softmax_split_bwd_write_kernel)), words=1)
 
 
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
-           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig:
-    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
-    ``config`` or the heuristic."""
-    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
-                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
-
-
-def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
-                    *, scale: float = 1.0, log: bool = False) -> LaunchConfig:
-    """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from ``dy2d`` and the saved
-    output ``y2d`` (one layout)."""
-    _common.check_same_layout(dy2d, y2d)
-    return _common.launch_matrix(BWD_FAMILY, dy2d, dx2d, config, (y2d, float(scale)), {"LOG": int(log)})
+launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)

@@ -84,5 +84,4 @@ def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None =
            log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
     """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
     ``config`` skips autotuning. (The tile family's backward is the online family's.)"""
-    return _common.launch_matrix(FAMILY, x2d, out2d, config, (float(scale),),
-                                 {"LOG": int(log), "ZERO_MASKED": int(zero_masked_rows)})
+    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
