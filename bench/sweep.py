@@ -235,7 +235,11 @@ def _plot(points: list[dict], plots: dict, out: Path) -> None:
                 value = lookup[kw[x_name]]["gbps"].get(provider)
                 return float("nan") if value is None else value
 
-            report.run(save_path=str(out), print_data=False, show_plots=False)
+            import matplotlib
+
+            # A small, see-through legend: a default one hides the long-row end of the lines.
+            with matplotlib.rc_context({"legend.fontsize": "x-small", "legend.framealpha": 0.35}):
+                report.run(save_path=str(out), print_data=False, show_plots=False)
 
 
 def merge(out: Path) -> str:
