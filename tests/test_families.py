@@ -159,3 +159,11 @@ def test_coop_cooperative_launch_runs_and_leaves_its_counters_at_zero(log):
         assert (y.double() - ref).abs().max().item() <= 1e-5
     _, sync = coop.scratch(x.device, 0, M + 1)
     assert (sync[:M + 1] == 0).all().item()
+
+
+def test_clear_caches_releases_the_coop_buffers():
+    x = random_input((2, 64), torch.float32, DEVICE)
+    coop.launch(x, poisoned_like(x))
+    assert coop._scratch
+    tritonsoftmax.clear_caches()
+    assert not coop._scratch

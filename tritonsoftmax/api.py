@@ -208,6 +208,11 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
 
 def clear_caches() -> None:
     """Forget every prepared launch and dispatch decision, and re-read the tuning tables next time
-    (after writing a tuning table in this process, for instance)."""
+    (after writing a tuning table in this process, for instance); free the coop family's buffers."""
+    import sys
+
     _prepared.clear()
     dispatch.clear_cache()
+    coop = sys.modules.get("tritonsoftmax.kernels.coop")
+    if coop is not None:
+        coop.release_scratch()

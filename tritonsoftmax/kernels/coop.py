@@ -276,6 +276,11 @@ def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch
     return views[0], views[1]
 
 
+def release_scratch() -> None:
+    """Drop every kept buffer (the next launch on a stream makes a new zeroed one)."""
+    _scratch.clear()
+
+
 class CoopLaunch:
     """The coop kernel on one problem, ready to start again and again (see PreparedLaunch).
 
