@@ -210,6 +210,7 @@ def _best_peer(gbps_by_provider: dict) -> tuple[str, float] | None:
 
 def _plot(points: list[dict], plots: dict, out: Path) -> None:
     """One PNG and one CSV per (plot, dtype) through triton.testing.perf_report."""
+    import matplotlib
     import triton
 
     from bench.peers import ALL, LABELS
@@ -234,8 +235,6 @@ def _plot(points: list[dict], plots: dict, out: Path) -> None:
             def report(provider, lookup=lookup, x_name=x_name, **kw):
                 value = lookup[kw[x_name]]["gbps"].get(provider)
                 return float("nan") if value is None else value
-
-            import matplotlib
 
             # A small, see-through legend: a default one hides the long-row end of the lines.
             with matplotlib.rc_context({"legend.fontsize": "x-small", "legend.framealpha": 0.35}):

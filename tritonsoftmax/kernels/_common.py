@@ -87,6 +87,27 @@ def grad_input(dy, y, red, scale, LOG: tl.constexpr):
         return scale * y * (dy - red)
 
 
+@triton.jit
+def chunk_of(index, N, CHUNK: tl.constexpr):
+    """For kernels that cut each row into G = cdiv(N, CHUNK) chunks, one program a chunk:
+    (G, row, chunk) of program ``index``."""
+    G = tl.cdiv(N, CHUNK)
+    return G, index // G, index % G
+
+
+@triton.jit
+def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr):
+    """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1]:
+    s = sum s_g * exp(m_g - max), an all -inf chunk adding 0 (never NaN). VOLATILE: the partials
+    were written by other programs of the same launch (not cached on the way)."""
+    gs = tl.arange(0, BLOCK_G)
+    m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=float("-inf"), volatile=VOLATILE)
+    s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=VOLATILE)
+    m = tl.max(m_g, axis=0)
+    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m)), axis=0)
+    return m, s
+
+
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
 
 

@@ -32,7 +32,7 @@ from ..device import DeviceInfo, interpreter_active
 from ..dispatch import COOP_CHUNK, COOP_PROGRAMS_PER_SM
 from ..layout import RowProblem
 from . import _common
-from ._common import Family, PreparedLaunch, finish, grad_input, grad_term, load_scaled, row_offsets
+from ._common import Family, PreparedLaunch, combine_partials, finish, grad_input, grad_term, load_scaled, row_offsets
 from .online import online_update
 
 IMPL = "coop"
@@ -66,19 +66,6 @@ def row_barrier(count_ptr, G):
     tl.debug_barrier()
     left = tl.atomic_add(count_ptr, 1, sem="relaxed")
     tl.store(count_ptr, 0, mask=left == 2 * G - 1)
-
-
-@triton.jit
-def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
-    """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1]:
-    s = sum s_g * exp(m_g - max), an all -inf chunk adding 0. Volatile loads: the partials were
-    written by other programs of this launch."""
-    gs = tl.arange(0, BLOCK_G)
-    m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=NEG_INF, volatile=True)
-    s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=True)
-    m = tl.max(m_g, axis=0)
-    s = tl.sum(tl.where(m_g == NEG_INF, 0.0, s_g * tl.exp(m_g - m)), axis=0)
-    return m, s
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -123,7 +110,7 @@ def _softmax_coop_fwd_kernel(
     if PHASE == 0:
         row_barrier(sync_ptr + 1 + row, G)
     if PHASE != 1:
-        m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G)
+        m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, True)
         y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
         if TILES == 1:
             if LOG:
@@ -210,6 +197,7 @@ def _shape_config(device: DeviceInfo, N: int, block: int, num_warps: int) -> Lau
     one tile a chunk while the row fits in max_chunks chunks, else as many tiles as it takes."""
     nb = n_bucket(N)
     tiles = next_power_of_2(triton.cdiv(nb, block * max_chunks(device)))
+    num_warps = min(num_warps, device.max_threads_per_program // device.warp_size)
     return LaunchConfig.make(num_warps, BLOCK=block, TILES=tiles,
                              BLOCK_G=next_power_of_2(triton.cdiv(nb, block * tiles)))
 
@@ -235,14 +223,13 @@ def _chunk(device: DeviceInfo, M: int, N: int) -> int:
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Forward: 4 warps (up to 64 fp32 values a thread: more loads in flight per program measured
     best on the H200, 4096x65536 fp32 3458 GB/s against 3286 with 8 warps)."""
-    return _shape_config(device, N, _chunk(device, M, N), min(4, device.max_threads_per_program // device.warp_size))
+    return _shape_config(device, N, _chunk(device, M, N), 4)
 
 
 def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Backward (two tensors held): 8 warps for a full chunk (4096x65536 fp32 3818 GB/s), 4 below."""
     block = _chunk(device, M, N)
-    warps = 8 if block >= COOP_CHUNK else 4
-    return _shape_config(device, N, block, min(warps, device.max_threads_per_program // device.warp_size))
+    return _shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
 
 
 def _grid(M: int, N: int, meta: dict) -> tuple[int]:
@@ -258,9 +245,8 @@ def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch
     One buffer per (device, stream), grown when a launch needs more; kernels leave the counters at
     0. Launches on one stream run one after another, so they can share it. During CUDA-graph
     capture a fresh buffer is made (its zero fill is captured too) and not kept."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, driver.active.get_current_stream(index))
+    if device.type == "cuda":  # a tensor's device: its index is always set
+        key = (device.index, driver.active.get_current_stream(device.index))
     else:
         key = (device.type, 0)
     found = _scratch.get(key)

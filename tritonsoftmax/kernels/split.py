@@ -17,7 +17,17 @@ from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
 from ..layout import RowProblem
 from . import _common
-from ._common import Family, PreparedLaunch, finish, grad_input, grad_term, load_scaled, row_offsets
+from ._common import (
+    Family,
+    PreparedLaunch,
+    chunk_of,
+    combine_partials,
+    finish,
+    grad_input,
+    grad_term,
+    load_scaled,
+    row_offsets,
+)
 from .online import online_update
 
 IMPL = "split"
@@ -43,9 +53,7 @@ def _softmax_split_stats_kernel(
     chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk.
     """
     pid = tl.program_id(0)
-    G = tl.cdiv(N, TILES * BLOCK)
-    row = pid // G
-    g = pid % G
+    G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
@@ -73,15 +81,8 @@ def _softmax_split_write_kernel(
     has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first.
     """
     pid = tl.program_id(0)
-    G = tl.cdiv(N, TILES * BLOCK)
-    row = pid // G
-    g = pid % G
-    gs = tl.arange(0, BLOCK_G)
-    parts = ws_ptr + 2 * (row * G + gs)
-    m_g = tl.load(parts, mask=gs < G, other=float("-inf"))
-    s_g = tl.load(parts + 1, mask=gs < G, other=0.0)
-    m = tl.max(m_g, axis=0)
-    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m)), axis=0)
+    G, row, g = chunk_of(pid, N, TILES * BLOCK)
+    m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
     offs = tl.arange(0, BLOCK)
@@ -106,9 +107,7 @@ def _softmax_split_bwd_partial_kernel(
     of the forward.
     """
     pid = tl.program_id(0)
-    G = tl.cdiv(N, TILES * BLOCK)
-    row = pid // G
-    g = pid % G
+    G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
@@ -131,9 +130,7 @@ def _softmax_split_bwd_write_kernel(
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
     pid = tl.program_id(0)
-    G = tl.cdiv(N, TILES * BLOCK)
-    row = pid // G
-    g = pid % G
+    G, row, g = chunk_of(pid, N, TILES * BLOCK)
     gs = tl.arange(0, BLOCK_G)
     red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0), axis=0)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
