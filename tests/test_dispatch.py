@@ -25,16 +25,20 @@ def test_fused_capacity_follows_register_file():
     assert dispatch.fused_capacity(GFX1201) == 16384
 
 
-@pytest.mark.parametrize("N,fp32,bf16,bf16_backward", [
-    (1, "fused", "fused", "fused"), (2048, "fused", "fused", "fused"), (16384, "fused", "fused", "fused"),
-    (16385, "coop", "online", "coop"), (262144, "coop", "online", "coop"),
-    (132 * 8192, "coop", "online", "coop"), (132 * 8192 + 1, "online", "online", "online"),
-    (8388608, "online", "online", "online")])
-def test_rule_table_on_h200(N, fp32, bf16, bf16_backward):
-    assert dispatch.choose(4096, N, torch.float32, SM90).impl == fp32
-    assert dispatch.choose(4096, N, torch.float32, SM90, backward=True).impl == fp32
-    assert dispatch.choose(4096, N, torch.bfloat16, SM90).impl == bf16
-    assert dispatch.choose(4096, N, torch.bfloat16, SM90, backward=True).impl == bf16_backward
+@pytest.mark.parametrize("N,forward,backward", [
+    (1, "fused", "fused"), (2048, "fused", "fused"), (16384, "fused", "fused"),
+    (16385, "fused", "coop"), (32768, "fused", "coop"), (32769, "coop", "coop"), (262144, "coop", "coop"),
+    (132 * 8192, "coop", "coop"), (132 * 8192 + 1, "online", "online"), (8388608, "online", "online")])
+def test_rule_table_on_h200(N, forward, backward):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert dispatch.choose(4096, N, dtype, SM90).impl == forward
+        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == backward
+
+
+def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
+    assert dispatch.choose(264, 32768, torch.float32, SM90).impl == "fused"
+    assert dispatch.choose(263, 32768, torch.float32, SM90).impl != "fused"
+    assert dispatch.choose(8, 32768, torch.float32, SM90).impl == "coop"
 
 
 @pytest.mark.parametrize("M,N,impl", [(1, 8388608, "split"), (1, 2097152, "split"), (32, 152064, "split"),

@@ -137,11 +137,17 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
     assert_softmax_close(y, x)
 
 
+def coop_counters_ready(M: int) -> bool:
+    """What the next cooperative launch expects: ticket counter 0, row counters multiples of ROUND."""
+    _, sync = coop.scratch(torch.device(DEVICE), 0, M + 1)
+    return sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all())
+
+
 @pytest.mark.parametrize("log", [False, True])
-def test_coop_cooperative_launch_runs_and_leaves_its_counters_at_zero(log):
-    """The single cooperative launch (ticket, row barrier, counter resets). Under the interpreter
-    programs run one after another, so there it runs with one program a row (G = 1); the GPU suite
-    runs it with many programs a row."""
+def test_coop_cooperative_launch_runs_and_leaves_its_counters_ready(log):
+    """The single cooperative launch (ticket, row barrier, counters left for the next launch).
+    Under the interpreter programs run one after another, so there it runs with one program a row
+    (G = 1); the GPU suite runs it with many programs a row."""
     from tritonsoftmax.device import device_info
     from tritonsoftmax.layout import matrix_problem
 
@@ -149,7 +155,7 @@ def test_coop_cooperative_launch_runs_and_leaves_its_counters_at_zero(log):
     G = 1 if DEVICE == "cpu" else 4
     config = LaunchConfig.make(2, BLOCK=256 // G, TILES=1, BLOCK_G=G)
     x = random_input((M, N), torch.float32, DEVICE, seed=4)
-    for _ in range(3):  # the counters must be back at zero for each next launch
+    for _ in range(3):  # each next launch must find the counters where it expects them
         y = poisoned_like(x)
         launch = coop.FAMILY.prepare(matrix_problem(x, y), config, device_info(x.device),
                                      flags={"LOG": int(log), "ZERO_MASKED": 0}, two_phase=False)
@@ -157,8 +163,36 @@ def test_coop_cooperative_launch_runs_and_leaves_its_counters_at_zero(log):
         launch(x, y, 1.0)
         ref = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
         assert (y.double() - ref).abs().max().item() <= 1e-5
+    assert coop_counters_ready(M)
+
+
+def test_coop_row_counters_wrap_around_int32():
+    """A row counter grows by ROUND a launch and wraps past 2**31 after 2048 launches: the barrier
+    must still wait for exactly G arrivals, forward and backward."""
+    from tritonsoftmax.device import device_info
+    from tritonsoftmax.layout import matrix_problem
+
+    M, N = 3, 200
+    G = 1 if DEVICE == "cpu" else 4
+    config = LaunchConfig.make(2, BLOCK=256 // G, TILES=1, BLOCK_G=G)
+    info = device_info(torch.device(DEVICE))
+    x = random_input((M, N), torch.float32, DEVICE, seed=9)
+    dy = random_input((M, N), torch.float32, DEVICE, seed=10)
+    ref = torch.softmax(x.double(), -1)
     _, sync = coop.scratch(x.device, 0, M + 1)
-    assert (sync[:M + 1] == 0).all().item()
+    sync[1:M + 1] = torch.tensor([2**31 - coop.ROUND.value, -coop.ROUND.value, -(2**31)], dtype=torch.int32)
+    for _ in range(2):
+        y = poisoned_like(x)
+        coop.FAMILY.prepare(matrix_problem(x, y), config, info, flags={"LOG": 0, "ZERO_MASKED": 0},
+                            two_phase=False)(x, y, 1.0)
+        assert (y.double() - ref).abs().max().item() <= 1e-5
+        yf = y.clone()
+        dx = poisoned_like(x)
+        coop.BWD_FAMILY.prepare(matrix_problem(dy, dx), config, info, flags={"LOG": 0},
+                                two_phase=False)(dy, dx, yf, 1.0)
+        dref = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
+        assert (dx.double() - dref).abs().max().item() <= 1e-5
+    assert coop_counters_ready(M)
 
 
 def test_clear_caches_releases_the_coop_buffers():

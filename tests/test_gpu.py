@@ -86,7 +86,7 @@ def test_launch_hooks_fire_on_warm_calls():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (1, 131072), (8, 131072), (3, 2000003), (1, 8388608)])
 def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
-    """Many launches in a row (counters reset by the kernels) and the cooperative result equal to
+    """Many launches in a row (counters left ready by the kernels) and the cooperative result equal to
     the two-launch mode's, element for element: the same arithmetic, only the waiting differs."""
     from tritonsoftmax.layout import matrix_problem
 
@@ -103,7 +103,8 @@ def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
     assert torch.equal(y, two)
     assert_softmax_close(y, x)
     _, sync = coop.scratch(x.device, 0, M + 1)
-    assert (sync[:M + 1] == 0).all().item(), "counters left non-zero"
+    assert sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all()), \
+        "counters not left where the next launch expects them"
 
 
 def test_coop_on_two_streams_at_once():

@@ -23,6 +23,10 @@ IMPLS = ("auto",) + FAMILY_NAMES
 # programs per SM keeps enough loads in flight; with 64K registers per SM it allows rows up to
 # 16384 elements. Set from the first H200 run (bench/NOTES.md): fused beats online up to 16K.
 FUSED_PROGRAMS_PER_SM = 4
+# A forward over many rows still gains from one program per row at half that (one 16-warp program
+# an SM holding 32K fp32 values): H200 4096x32768 fp32 fused 4053 GB/s against coop 3873 and
+# online 2822, bf16 3060 / 3005 / 2830 (bench/NOTES.md, session 3). The backward holds two rows.
+FUSED_MANY_ROWS_PROGRAMS_PER_SM = 2
 # Fewer rows than this many per SM leave most of the GPU idle with one program per row: spread
 # each row over many programs instead. H200 design table: online (one program a row) reaches
 # 0.03-0.31x the best peer at 1..32 rows of 131072..8M elements.
@@ -30,16 +34,18 @@ FEW_ROWS_PER_SM = 2
 # The coop family keeps a row's chunks in registers while the row's programs wait for each other.
 # Few rows go to it when all their programs fit on the GPU at once (COOP_PROGRAMS_PER_SM programs
 # of up to COOP_CHUNK elements per SM); beyond that split's two launches win (H200: 32x152064 fp32
-# 1860 vs 1594 GB/s, 1x8M 1956 vs 1494). Many long rows go to it in fp32 and in every backward;
-# a 16-bit forward stays on online (4096x65536 bf16: online 2753, best coop config 2585 GB/s).
-# Used on CUDA only: the cooperative kernel has been measured on the H200 and never run on AMD.
+# 1860 vs 1594 GB/s, 1x8M 1956 vs 1494). Many long rows go to it in every dtype, forward and
+# backward (16-bit forwards since its barrier stopped waiting on the way out: 4096x65536 bf16
+# coop 3046 against online 2756 GB/s, 2585 before). Used on CUDA only: the cooperative kernel
+# has been measured on the H200 and never run on AMD.
 COOP_PROGRAMS_PER_SM = 4
 COOP_CHUNK = 8192
 
 
-def fused_capacity(device: DeviceInfo) -> int:
-    """Longest row (power of two, elements) that the fused family keeps on chip on ``device``."""
-    cap = max(1, device.regs_per_sm // FUSED_PROGRAMS_PER_SM)
+def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
+    """Longest row (power of two, elements) that the fused family keeps on chip on ``device`` with
+    ``programs_per_sm`` programs resident on each SM."""
+    cap = max(1, device.regs_per_sm // programs_per_sm)
     return 1 << (cap.bit_length() - 1)
 
 
@@ -79,12 +85,15 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
+    Rule("fused", "many rows, each fits in registers with one program an SM (forward)",
+         lambda s: not s.backward and not few_rows(s)
+         and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
     Rule("coop", "few long rows, all on chip at once: one cooperative launch, each element read once",
          lambda s: few_rows(s) and coop_fits_at_once(s)),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
-    Rule("coop", "many long rows, fp32 or backward: one cooperative launch, each element read once",
-         lambda s: coop_single_read(s) and (s.dtype == torch.float32 or s.backward)),
+    Rule("coop", "many long rows: one cooperative launch, each element read once",
+         coop_single_read),
     Rule("online", "many long rows: one (max, sum) pass and one write pass, two reads per element",
          lambda s: True),
 )

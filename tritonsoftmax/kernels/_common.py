@@ -181,14 +181,28 @@ def _no_launch_hooks() -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, bool]:
+    """The kernel arguments with each tensor as its address, and whether every address is 16-byte
+    aligned. Triton's launcher takes an address as it is, where for a tensor it calls data_ptr()
+    and asks the driver about the pointer (microseconds on the warm path)."""
+    args = [x.data_ptr(), y.data_ptr()]
+    bits = args[0] | args[1]
+    for a in extra:
+        if isinstance(a, torch.Tensor):
+            a = a.data_ptr()
+            bits |= a
+        args.append(a)
+    return args, (bits & 15) == 0
+
+
 class PreparedLaunch:
     """One family on one RowProblem, ready to start again and again with new tensors.
 
     The first call goes through Triton's normal path (the autotuner when no config is known);
     it remembers the chosen config and the compiled kernel, so a warm call starts the compiled
-    kernel directly: no autotuner, no argument binding, no specialisation work. A call whose
-    pointers differ in 16-byte alignment from the first (which the compiled kernel assumed)
-    takes Triton's normal path again. A config from the tuning store that fails to compile or
+    kernel directly: no autotuner, no argument binding, no specialisation work, tensors passed
+    as addresses. A call whose pointers differ in 16-byte alignment from the first (which the
+    compiled kernel assumed) takes Triton's normal path again. A config from the tuning store that fails to compile or
     launch falls back to the autotuner with one warning.
     """
 
@@ -203,17 +217,17 @@ class PreparedLaunch:
         self._runner = None
         self._aligned = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor) -> LaunchConfig | None:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor | float) -> LaunchConfig | None:
         """Run the kernel on ``x`` into ``y``; returns the config launched (None when the autotuner chose).
 
         ``extra``: the further arguments the family's kernel takes after ``y`` (a workspace, the
         saved output, the scale)."""
-        aligned = ((x.data_ptr() | y.data_ptr()) & 15) == 0
+        args, aligned = _raw_args(x, y, extra)
         if self._runner is not None and aligned == self._aligned:
             if _no_launch_hooks():  # start the compiled kernel with nothing in between
                 self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None, None,
-                          x, y, *extra, *self.tail, *self._meta)
-            else:  # a profiler's hooks are installed: Triton's runner calls them
+                          *args, *self.tail, *self._meta)
+            else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
         if self.config is None:

@@ -10,9 +10,10 @@ Forward progress: each program takes a ticket from an atomic counter when it sta
 on chunk ticket % G of row ticket // G. Tickets go out in start order, so a waiting program only
 waits for partners that already run or that can start: when a row still has chunks without a
 program, no later row has one, so every resident program belongs to that row; with G at most the
-SM count there is a free slot for the next one. The ticket counter and the row counters reset
-themselves at the end of every launch (the last ticket holder, the last program to leave a row),
-so one zeroed buffer per (device, stream) serves every launch on that stream.
+SM count there is a free slot for the next one. The ticket counter resets itself (its last holder
+sets it to 0) and every row counter ends a launch at a multiple of ROUND, where the next launch
+expects it, so one zeroed buffer per (device, stream) serves every launch on that stream and no
+program waits for anything on its way out.
 
 Programs that wait for each other deadlock under the Triton interpreter, which runs programs one
 after another. There (and whenever ``two_phase`` is asked for) the same kernel runs as two
@@ -38,6 +39,7 @@ from .online import online_update
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 NEG_INF = tl.constexpr(float("-inf"))
+ROUND = tl.constexpr(1 << 20)  # what one launch adds to a row counter; divides 2**32, far above any G
 
 
 @triton.jit
@@ -54,18 +56,21 @@ def take_ticket(sync_ptr, total, PHASE: tl.constexpr):
 
 
 @triton.jit
-def row_barrier(count_ptr, G):
+def row_barrier(count_ptr, G, chunk):
     """Wait until the G programs of a row have arrived; what each stored before arriving is then
-    visible to all. The counter goes 0 -> G (arrivals) -> 2G (departures); the last program to
-    leave sets it back to 0, when no program of the row reads it any more."""
+    visible to all. The counter holds a multiple of ROUND when the launch starts (base); each
+    arrival adds 1, and chunk 0, once through, adds ROUND - G, which leaves the next multiple of
+    ROUND for the next launch without anyone waiting for it (int32 wrap-around keeps
+    ``seen - base`` right). A departure count whose result each program waited for cost ~10 %
+    of the long-row forward (bench/NOTES.md, session 3)."""
     tl.debug_barrier()
-    tl.atomic_add(count_ptr, 1, sem="release")
+    old = tl.atomic_add(count_ptr, 1, sem="release")
+    base = old - (old & (ROUND - 1))
     seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while seen < G:
+    while seen - base < G:
         seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
-    left = tl.atomic_add(count_ptr, 1, sem="relaxed")
-    tl.store(count_ptr, 0, mask=left == 2 * G - 1)
+    tl.atomic_add(count_ptr, tl.full([], ROUND, tl.int32) - G, mask=chunk == 0, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -81,16 +86,17 @@ def _softmax_coop_fwd_kernel(
 
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
     ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
-    exp(z - max) over the chunk). sync_ptr: int32 zeros, [0] the ticket counter, [1 + r] row r's
-    barrier; both back to 0 when the launch ends. BLOCK: tile width; TILES: tiles per chunk (1: the
-    chunk stays in registers, one read, its exponentials rescaled rather than taken again);
-    BLOCK_G: power of two >= G. PHASE: 0 cooperative, 1 partials only, 2 combine and write only
-    (the two-launch mode).
+    exp(z - max) over the chunk). sync_ptr: int32, [0] the ticket counter (0 when a launch starts
+    and ends), [1 + r] row r's barrier counter (a multiple of ROUND when a launch starts and ends).
+    BLOCK: tile width; TILES: tiles per chunk (1: the chunk stays in registers, one read, its
+    exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
+    cooperative, 1 partials only, 2 combine and write only (the two-launch mode).
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
     row = ticket // G
-    first = (ticket % G) * (TILES * BLOCK)
+    chunk = ticket % G
+    first = chunk * (TILES * BLOCK)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     offs = tl.arange(0, BLOCK)
     if TILES == 1:
@@ -108,7 +114,7 @@ def _softmax_coop_fwd_kernel(
         tl.store(ws_ptr + 2 * ticket, m)
         tl.store(ws_ptr + 2 * ticket + 1, s)
     if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G)
+        row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
         m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, True)
         y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
@@ -145,7 +151,8 @@ def _softmax_coop_bwd_kernel(
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
     row = ticket // G
-    first = (ticket % G) * (TILES * BLOCK)
+    chunk = ticket % G
+    first = chunk * (TILES * BLOCK)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     offs = tl.arange(0, BLOCK)
     if TILES == 1:
@@ -164,7 +171,7 @@ def _softmax_coop_bwd_kernel(
     if PHASE != 2:
         tl.store(ws_ptr + ticket, part)
     if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G)
+        row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
         gs = tl.arange(0, BLOCK_G)
         red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0, volatile=True), axis=0)
@@ -240,11 +247,12 @@ _scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 vi
 
 
 def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The workspace and the zeroed counters for a launch on ``device``'s current stream.
+    """The workspace and the counters for a launch on ``device``'s current stream.
 
-    One buffer per (device, stream), grown when a launch needs more; kernels leave the counters at
-    0. Launches on one stream run one after another, so they can share it. During CUDA-graph
-    capture a fresh buffer is made (its zero fill is captured too) and not kept."""
+    One buffer per (device, stream), zeroed when made and grown when a launch needs more; kernels
+    leave the counters where the next launch expects them (see ``row_barrier``). Launches on one
+    stream run one after another, so they can share it. During CUDA-graph capture a fresh buffer
+    is made (its zero fill is captured too) and not kept."""
     if device.type == "cuda":  # a tensor's device: its index is always set
         key = (device.index, driver.active.get_current_stream(device.index))
     else:
