@@ -28,7 +28,8 @@ def test_fused_capacity_follows_register_file():
 @pytest.mark.parametrize("N,forward,backward", [
     (1, "fused", "fused"), (2048, "fused", "fused"), (16384, "fused", "fused"),
     (16385, "fused", "coop"), (32768, "fused", "coop"), (32769, "coop", "coop"), (262144, "coop", "coop"),
-    (132 * 8192, "coop", "coop"), (132 * 8192 + 1, "online", "online"), (8388608, "online", "online")])
+    (2**20, "coop", "coop"), (2**20 + 1, "online", "online"), (132 * 8192, "online", "online"),
+    (8388608, "online", "online")])
 def test_rule_table_on_h200(N, forward, backward):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert dispatch.choose(4096, N, dtype, SM90).impl == forward
@@ -41,13 +42,17 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     assert dispatch.choose(8, 32768, torch.float32, SM90).impl == "coop"
 
 
-@pytest.mark.parametrize("M,N,impl", [(1, 8388608, "split"), (1, 2097152, "split"), (32, 152064, "split"),
-                                      (1, 131072, "coop"), (8, 131072, "coop"), (4, 1048576, "coop"),
-                                      (263, 65536, "split"), (8, 16384, "fused")])
-def test_few_long_rows_go_to_coop_when_they_fit_at_once_else_split(M, N, impl):
-    assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
-    assert dispatch.choose(M, N, torch.bfloat16, SM90).impl == impl
-    assert dispatch.choose(264, 65536, torch.float32, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
+@pytest.mark.parametrize("M,N,fp32,bf16", [
+    (1, 8388608, "split", "split"), (1, 2097152, "split", "split"), (32, 152064, "coop", "split"),
+    (1, 131072, "coop", "coop"), (8, 131072, "coop", "coop"), (4, 1048576, "coop", "coop"),
+    (8, 1048576, "coop", "split"), (128, 131072, "coop", "split"), (263, 65536, "coop", "split"),
+    (8, 16384, "fused", "fused")])
+def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_else_split(M, N, fp32, bf16):
+    for backward in (False, True):
+        assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
+        assert dispatch.choose(M, N, torch.bfloat16, SM90, backward).impl == bf16
+        assert dispatch.choose(M, N, torch.float16, SM90, backward).impl == bf16
+    assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)

@@ -137,9 +137,9 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
     assert_softmax_close(y, x)
 
 
-def coop_counters_ready(M: int) -> bool:
+def coop_counters_ready(device: torch.device, M: int) -> bool:
     """What the next cooperative launch expects: ticket counter 0, row counters multiples of ROUND."""
-    _, sync = coop.scratch(torch.device(DEVICE), 0, M + 1)
+    _, sync = coop.scratch(device, 0, M + 1)
     return sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all())
 
 
@@ -163,7 +163,7 @@ def test_coop_cooperative_launch_runs_and_leaves_its_counters_ready(log):
         launch(x, y, 1.0)
         ref = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
         assert (y.double() - ref).abs().max().item() <= 1e-5
-    assert coop_counters_ready(M)
+    assert coop_counters_ready(x.device, M)
 
 
 def test_coop_row_counters_wrap_around_int32():
@@ -192,7 +192,7 @@ def test_coop_row_counters_wrap_around_int32():
                                 two_phase=False)(dy, dx, yf, 1.0)
         dref = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
         assert (dx.double() - dref).abs().max().item() <= 1e-5
-    assert coop_counters_ready(M)
+    assert coop_counters_ready(x.device, M)
 
 
 def test_clear_caches_releases_the_coop_buffers():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import tuning
-from .config import LaunchConfig, next_power_of_2
+from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import FAMILY_NAMES, backward_family, family
 
@@ -33,10 +33,13 @@ FUSED_MANY_ROWS_PROGRAMS_PER_SM = 2
 FEW_ROWS_PER_SM = 2
 # The coop family keeps a row's chunks in registers while the row's programs wait for each other.
 # Few rows go to it when all their programs fit on the GPU at once (COOP_PROGRAMS_PER_SM programs
-# of up to COOP_CHUNK elements per SM); beyond that split's two launches win (H200: 32x152064 fp32
-# 1860 vs 1594 GB/s, 1x8M 1956 vs 1494). Many long rows go to it in every dtype, forward and
-# backward (16-bit forwards since its barrier stopped waiting on the way out: 4096x65536 bf16
-# coop 3046 against online 2756 GB/s, 2585 before). Used on CUDA only: the cooperative kernel
+# of up to COOP_CHUNK elements per SM), and in fp32 whenever a row is read once (H200, session 3,
+# bench/results/h200/sweep-fwd/: 8/16/32x1M coop 2168/2350/2474 GB/s against split's 1965/2132
+# before; 64/128x131072 2250/2749 against 2017/2152; 32x152064 2017 against 1877). 16-bit chunks
+# hold half the bytes for the same waiting, and split's two launches win there (bf16 16/32x1M
+# split 1942/2072 against coop 1600/1848). Many long rows go to it in every dtype, forward and
+# backward (16-bit forward: a tie with online, 2848 against 2931 at 4096x65536 bf16, 2816
+# against 2755 at 4096x262144, both reading once less). Used on CUDA only: the cooperative kernel
 # has been measured on the H200 and never run on AMD.
 COOP_PROGRAMS_PER_SM = 4
 COOP_CHUNK = 8192
@@ -66,8 +69,9 @@ def few_rows(s: Shape) -> bool:
 
 
 def coop_single_read(s: Shape) -> bool:
-    """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM."""
-    return s.device.backend == "cuda" and s.N <= s.device.sm_count * COOP_CHUNK
+    """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM (counted on
+    the N bucket, which its configs are sized on)."""
+    return s.device.backend == "cuda" and n_bucket(s.N) <= s.device.sm_count * COOP_CHUNK
 
 
 def coop_fits_at_once(s: Shape) -> bool:
@@ -88,8 +92,8 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward)",
          lambda s: not s.backward and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
-    Rule("coop", "few long rows, all on chip at once: one cooperative launch, each element read once",
-         lambda s: few_rows(s) and coop_fits_at_once(s)),
+    Rule("coop", "few long rows, all on chip at once (or fp32 read once): one cooperative launch",
+         lambda s: few_rows(s) and (coop_fits_at_once(s) or (coop_single_read(s) and s.dtype.itemsize >= 4))),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
     Rule("coop", "many long rows: one cooperative launch, each element read once",
@@ -136,7 +140,8 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        entry = tuning.lookup(info, fam.name, dtype, N, M)
+        reach = tuning.NEAREST_M_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
+        entry = tuning.lookup(info, fam.name, dtype, N, M, reach)
         p = Plan(name, fam, entry.config if entry else None, info, entry is not None)
         _plans[key] = p
     return p

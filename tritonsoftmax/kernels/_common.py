@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import triton
@@ -139,6 +140,7 @@ class Family:
     heuristic: Callable[[DeviceInfo, int, int], LaunchConfig]
     grid: Callable[[int, int, dict], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
+    grid_from_m: ClassVar[bool] = False  # chunks (and so the grid) sized from M: see tuning.lookup
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None) -> PreparedLaunch:

@@ -314,6 +314,8 @@ class CoopFamily(Family):
     """A coop family as the dispatcher sees it: ``prepare`` gives a :class:`CoopLaunch`.
     ``words``: workspace floats per program (2 forward, 1 backward)."""
 
+    grid_from_m = True
+
     def __init__(self, name: str, kernel, heuristic, words: int):
         super().__init__(name, kernel, _configs, heuristic, _grid)
         self.words = words

@@ -214,6 +214,8 @@ class SplitLaunch:
 class SplitFamily(Family):
     """A split family as the dispatcher sees it: ``prepare`` gives a :class:`SplitLaunch`."""
 
+    grid_from_m = True
+
     def __init__(self, name: str, passes: tuple[Family, Family], words: int):
         super().__init__(name, passes[1].kernel, _configs, _heuristic, _grid)
         self.passes, self.words = passes, words
