@@ -25,15 +25,16 @@ def test_fused_capacity_follows_register_file():
     assert dispatch.fused_capacity(GFX1201) == 16384
 
 
-@pytest.mark.parametrize("N,forward,backward", [
-    (1, "fused", "fused"), (2048, "fused", "fused"), (16384, "fused", "fused"),
-    (16385, "fused", "coop"), (32768, "fused", "coop"), (32769, "coop", "coop"), (262144, "coop", "coop"),
-    (2**20, "coop", "coop"), (2**20 + 1, "online", "online"), (132 * 8192, "online", "online"),
-    (8388608, "online", "online")])
-def test_rule_table_on_h200(N, forward, backward):
+@pytest.mark.parametrize("N,forward,backward32,backward16", [
+    (1, "fused", "fused", "fused"), (2048, "fused", "fused", "fused"), (16384, "fused", "fused", "fused"),
+    (16385, "fused", "coop", "fused"), (32768, "fused", "coop", "fused"), (32769, "coop", "coop", "coop"),
+    (262144, "coop", "coop", "coop"), (2**20, "coop", "coop", "coop"), (2**20 + 1, "online", "online", "online"),
+    (132 * 8192, "online", "online", "online"), (8388608, "online", "online", "online")])
+def test_rule_table_on_h200(N, forward, backward32, backward16):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert dispatch.choose(4096, N, dtype, SM90).impl == forward
-        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == backward
+        expected = backward32 if dtype == torch.float32 else backward16
+        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == expected
 
 
 def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():

@@ -25,7 +25,9 @@ IMPLS = ("auto",) + FAMILY_NAMES
 FUSED_PROGRAMS_PER_SM = 4
 # A forward over many rows still gains from one program per row at half that (one 16-warp program
 # an SM holding 32K fp32 values): H200 4096x32768 fp32 fused 4053 GB/s against coop 3873 and
-# online 2822, bf16 3060 / 3005 / 2830 (bench/NOTES.md, session 3). The backward holds two rows.
+# online 2822, bf16 3060 / 3005 / 2830 (bench/NOTES.md, session 3). The backward holds two rows:
+# two 16-bit rows are one fp32 row's bytes (bf16 4096x32768 backward fused 4045 against coop
+# 3412), two fp32 rows are too many (fp32 fused 3303 against coop 4173).
 FUSED_MANY_ROWS_PROGRAMS_PER_SM = 2
 # Fewer rows than this many per SM leave most of the GPU idle with one program per row: spread
 # each row over many programs instead. H200 design table: online (one program a row) reaches
@@ -89,8 +91,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
-    Rule("fused", "many rows, each fits in registers with one program an SM (forward)",
-         lambda s: not s.backward and not few_rows(s)
+    Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
+         lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
     Rule("coop", "few long rows, all on chip at once (or fp32 read once): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s) or (coop_single_read(s) and s.dtype.itemsize >= 4))),
