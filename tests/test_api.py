@@ -201,3 +201,31 @@ def test_warm_call_with_misaligned_pointer_is_still_correct():
     shifted = base[0, 1:513].view(8, 64)  # 4-byte offset: not 16-byte aligned
     for x in (aligned, shifted, aligned, shifted):
         assert_softmax_close(tritonsoftmax.softmax(x), x)
+
+
+def test_raw_args_pass_addresses_and_flag_a_misaligned_extra_tensor():
+    """The warm path hands Triton's launcher addresses; any tensor argument off 16 bytes (the
+    saved output of a backward too, not only x and y) sends the call back through Triton."""
+    from tritonsoftmax.kernels._common import _raw_args
+
+    base = torch.zeros(64)
+    assert base.data_ptr() % 16 == 0
+    x, y, odd = base[:16], base[16:32], base[1:17]
+    args, aligned = _raw_args(x, y, (odd, 0.5))
+    assert args == [x.data_ptr(), y.data_ptr(), odd.data_ptr(), 0.5] and not aligned
+    assert _raw_args(x, y, (y, 0.5)) == ([x.data_ptr(), y.data_ptr(), y.data_ptr(), 0.5], True)
+    assert not _raw_args(odd, y, ())[1]
+
+
+def test_warm_backward_with_a_misaligned_saved_output_is_still_correct():
+    from tritonsoftmax import api
+
+    base = random_input((1, 8 * 64 + 1), torch.float32, DEVICE, seed=5)
+    dy = random_input((8, 64), torch.float32, DEVICE, seed=6)
+    for offset in (0, 1, 0, 1):
+        y = torch.softmax(base[0, offset:offset + 512].view(8, 64), -1)
+        storage = torch.empty(8 * 64 + 1, device=DEVICE)
+        saved = storage[offset:offset + 512].view(8, 64).copy_(y)  # 4-byte offset when offset == 1
+        dx = api.backward(dy, saved, -1, "auto", 1.0, False, torch.float32)
+        ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+        assert (dx.double() - ref).abs().max().item() <= 1e-5
