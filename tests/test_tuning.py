@@ -61,21 +61,24 @@ def test_an_entry_tuned_on_many_rows_is_not_used_for_a_handful(user_table):
     assert tuning.lookup(SM90, "coop", torch.float32, 131072, 8) is None  # 128: the heuristic decides
 
 
-def test_families_that_size_their_grid_from_m_use_only_entries_tuned_close_to_m(user_table):
+def test_families_that_size_their_grid_from_m_take_no_entry_tuned_on_many_more_rows(user_table):
     """A split entry tuned at 128 rows of 1M elements cut each row for 128 rows; 8 rows took it to
-    a third of their speed on the H200. The dispatcher asks split and coop for entries within 2x."""
+    a third of their speed on the H200. Split and coop take no entry from an M bucket above their
+    own (and, as every family, entries tuned on up to NEAREST_M times fewer rows)."""
     from tritonsoftmax import dispatch
 
     split_cfg = LaunchConfig.make(4, BLOCK=4096, BLOCK_G=8, TILES=32)
     tuning.record(user_table, SM90, [("split", torch.float32, 2**20, 128, split_cfg, 0.4)])
     assert tuning.lookup(SM90, "split", torch.float32, 2**20, 8).config == split_cfg  # within NEAREST_M
-    assert tuning.lookup(SM90, "split", torch.float32, 2**20, 8, tuning.NEAREST_M_GRID_FROM_M) is None
+    assert tuning.lookup(SM90, "split", torch.float32, 2**20, 8, tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M) is None
     device = torch.device("cuda" if DEVICE == "cuda" else "cpu")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dispatch, "device_info", lambda _: SM90)
         assert dispatch.plan("split", 8, 2**20, torch.float32, torch.float32, device).config is None
-        assert dispatch.plan("split", 128, 2**20, torch.float32, torch.float32, device).config == split_cfg
-        assert dispatch.plan("split", 256, 2**20, torch.float32, torch.float32, device).config == split_cfg
+        assert dispatch.plan("split", 64, 2**20, torch.float32, torch.float32, device).config is None
+        for m in (128, 256, 2048):  # the entry's bucket (256) and up to 16 times more rows
+            assert dispatch.plan("split", m, 2**20, torch.float32, torch.float32, device).config == split_cfg
+        assert dispatch.plan("split", 8192, 2**20, torch.float32, torch.float32, device).config is None
 
 
 @pytest.mark.parametrize("content", ["{not yaml: [", "schema: 99\nentries: {}\n", "- just\n- a list\n",

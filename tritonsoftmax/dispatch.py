@@ -142,8 +142,8 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        reach = tuning.NEAREST_M_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
-        entry = tuning.lookup(info, fam.name, dtype, N, M, reach)
+        fewer = tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
+        entry = tuning.lookup(info, fam.name, dtype, N, M, fewer)
         p = Plan(name, fam, entry.config if entry else None, info, entry is not None)
         _plans[key] = p
     return p

@@ -121,17 +121,21 @@ def roots() -> list[Path]:
 
 
 NEAREST_M = 16  # an entry serves row counts up to this factor away from the one it was tuned at
-# ... or only this far for families that size their chunks, and so their grid, from M (split,
-# coop): a split config tuned at 128 rows of 1M ran 8 rows at 649 GB/s against 1965 (H200).
-NEAREST_M_GRID_FROM_M = 2
+# ... except, for families that size their chunks, and so their grid, from M (split, coop), fewer
+# rows than half the tuned count: such a config leaves the GPU underfilled (a split config tuned at
+# 128 rows of 1M ran 8 rows at 649 GB/s against 2140 with the heuristic, H200). More rows only add
+# programs, so those entries still serve up to NEAREST_M times the rows they were tuned at. (M
+# buckets are powers of four, so fewer rows than the entry's own bucket are refused.)
+NEAREST_M_FEWER_ROWS_GRID_FROM_M = 2
 
 
 def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
-           max_m_factor: int = NEAREST_M) -> Entry | None:
+           fewer_rows_factor: int = NEAREST_M) -> Entry | None:
     """The stored config for this shape, or None. The N bucket must match; among its M buckets
-    the exact one wins, else the nearest (in powers of 4) within a factor of ``max_m_factor``: a
-    config tuned on thousands of rows (several rows a program, chunks sized to fill the GPU with
-    many rows) is not used for a handful. The first root that has a usable entry wins."""
+    the exact one wins, else the nearest (in powers of 4) within a factor of NEAREST_M, and within
+    ``fewer_rows_factor`` when M is below the entry's: a config tuned on thousands of rows
+    (several rows a program, chunks sized to fill the GPU with many rows) is not used for a
+    handful. The first root that has a usable entry wins."""
     if dtype not in DTYPE_NAMES:
         return None
     nb, mb = n_bucket(N), m_bucket(M)
@@ -141,9 +145,11 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
         if not isinstance(by_m, dict) or not by_m:
             continue
         try:
-            best = min((int(k) for k in by_m), key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
-            if abs(best.bit_length() - mb.bit_length()) > max_m_factor.bit_length() - 1:
+            up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
+            usable = [k for k in map(int, by_m) if -up <= k.bit_length() - mb.bit_length() <= down]
+            if not usable:
                 continue
+            best = min(usable, key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
             item = by_m[best]
             return Entry(LaunchConfig.from_dict(item["config"]), item.get("ms"), path)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
