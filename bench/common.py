@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,6 +25,14 @@ DESIGN_BWD_SHAPES = {
     torch.bfloat16: [(4096, 65536), (4, 1048576)],
 }
 DESIGN_BWD_SHAPES[torch.float16] = DESIGN_BWD_SHAPES[torch.bfloat16]
+
+
+def results_dir(slug: str, suite: str, override: str | None = None) -> Path:
+    """Where a benchmark suite writes: ``override`` if given, else bench/results/<gpu slug>/<suite>/
+    (created)."""
+    out = Path(override or f"bench/results/{slug}/{suite}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def fwd_bytes(M: int, N: int, dtype: torch.dtype) -> int:

@@ -12,11 +12,10 @@ import argparse
 import csv
 import os
 import sys
-from pathlib import Path
 
 import torch
 
-from bench.common import DESIGN_FWD_SHAPES, fwd_bytes, gbps, time_ms
+from bench.common import DESIGN_FWD_SHAPES, fwd_bytes, gbps, results_dir, time_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from tritonsoftmax.device import device_info
 
     info = device_info(torch.device("cuda"))
-    out = Path(args.out or f"bench/results/{info.slug}/fwd-table")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(info.slug, "fwd-table", args.out)
     providers = {
         "torch": lambda x: torch.softmax(x, -1),
         "auto": lambda x: tritonsoftmax.softmax(x),

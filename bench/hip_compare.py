@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from pathlib import Path
 
 import torch
 
@@ -37,13 +36,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import hip_reference
     import tritonsoftmax
-    from bench.common import fwd_bytes, gbps, time_ms
+    from bench.common import fwd_bytes, gbps, results_dir, time_ms
     from hip_reference.driver import Check
     from tritonsoftmax.device import device_info
 
     info = device_info(torch.device("cuda"))
-    out = Path(args.out or f"bench/results/{info.slug}/hip-compare")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(info.slug, "hip-compare", args.out)
     binary = hip_reference.build()
     providers = HIP + TRITON + ("torch",)
     rows = []

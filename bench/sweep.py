@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from bench import peers
-    from bench.common import bwd_bytes, fwd_bytes, gbps, time_ms
+    from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir, time_ms
     from tritonsoftmax.device import device_info
 
     info = device_info(torch.device("cuda" if on_gpu else "cpu"))
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --shapes matches no point of the chosen plots", file=sys.stderr)
             return 2
     slug = info.slug if on_gpu else "cpu-interpreter"
-    out = Path(args.out or f"bench/results/{slug}/{suite}")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(slug, suite, args.out)
     repeats = args.repeats or (3 if on_gpu else 1)
     if not on_gpu:
         print("no GPU: the kernels run under the Triton interpreter and are timed with a wall clock; "

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
@@ -44,14 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITONSOFTMAX_AUTOTUNE"] = "1"
     import triton
 
-    from bench.common import fwd_bytes, gbps, time_ms
+    from bench.common import fwd_bytes, gbps, results_dir, time_ms
     from tritonsoftmax import dispatch, tuning
     from tritonsoftmax.device import device_info
     from tritonsoftmax.layout import matrix_problem
 
     info = device_info(torch.device("cuda"))
-    out = Path(args.out or f"bench/results/{info.slug}/tune-check")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir(info.slug, "tune-check", args.out)
     lines = ["Command: `python -m bench.tune_check`", "",
              f"{info.name}, torch {torch.__version__}, triton {triton.__version__}.", "",
              "## First call for a new N bucket (fresh process, empty Triton cache)", "",

@@ -43,3 +43,12 @@ def poisoned_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
 def random_input(shape, dtype, device, scale: float = 3.0, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+
+
+def coop_counters_ready(device: torch.device, M: int) -> bool:
+    """What the next cooperative launch on ``device``'s current stream expects: the ticket counter
+    at 0 and the first M row counters at multiples of coop.ROUND."""
+    from tritonsoftmax.kernels import coop
+
+    _, sync = coop.scratch(device, 0, M + 1)
+    return sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all())

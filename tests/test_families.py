@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import DEVICE
-from softmax_ref import assert_softmax_close, poisoned_like, random_input
+from softmax_ref import assert_softmax_close, coop_counters_ready, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
@@ -135,12 +135,6 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
     y = poisoned_like(x)
     coop.launch(x, y, LaunchConfig.make(1, BLOCK=32 if G == 3 else 128, TILES=1, BLOCK_G=4))
     assert_softmax_close(y, x)
-
-
-def coop_counters_ready(device: torch.device, M: int) -> bool:
-    """What the next cooperative launch expects: ticket counter 0, row counters multiples of ROUND."""
-    _, sync = coop.scratch(device, 0, M + 1)
-    return sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all())
 
 
 @pytest.mark.parametrize("log", [False, True])
