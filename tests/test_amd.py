@@ -27,6 +27,7 @@ def test_amd_configs_respect_wavefront_size_and_carry_waves_per_eu(name, device)
             continue
         configs = family(name).configs(device, 4096, N)
         assert all(c.num_warps * device.warp_size <= 1024 for c in configs), "more than 1024 threads"
+        assert family(name).heuristic(device, 4096, N).num_warps * device.warp_size <= 1024
         assert any(dict(c.options).get("waves_per_eu") for c in configs)
         assert set().union(*(dict(c.options) for c in configs)) <= {"waves_per_eu"}
 

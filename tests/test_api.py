@@ -217,6 +217,83 @@ def test_raw_args_pass_addresses_and_flag_a_misaligned_extra_tensor():
     assert not _raw_args(odd, y, ())[1]
 
 
+def test_warm_path_passes_every_constexpr_including_defaults():
+    """A compiled kernel's launcher takes every constexpr; a config that leaves fused's STAGES and
+    PER_SM to their defaults must still pass them (found on the H200: 31 arguments for 33)."""
+    from tritonsoftmax.config import LaunchConfig
+    from tritonsoftmax.kernels import _common, fused
+
+    plain = LaunchConfig.make(4, BLOCK_N=1024, ROWS=2)
+    flags = {"LOG": 0, "ZERO_MASKED": 1}
+    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags}) == (0, 1, 1024, 2, 1, 0)
+    piped = LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, STAGES=3, PER_SM=1)
+    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(piped.meta), **flags}) == (0, 1, 16384, 1, 3, 1)
+
+
+def _fake_launcher(call, **attrs):
+    """An object of a class named CudaLauncher with ``call`` as its __call__ (layout detection only)."""
+    cls = type("CudaLauncher", (), {"__call__": call})
+    obj = cls()
+    obj.__dict__.update({"launch": print, "global_scratch_size": 0, "profile_scratch_size": 0, **attrs})
+    return obj
+
+
+def test_c_launch_layout_recognises_each_triton_launcher_and_refuses_the_rest():
+    from tritonsoftmax.kernels import _common
+
+    def call_36(self, gridX, gridY, gridZ, stream, function, *args):
+        pass
+
+    def call_37(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+                launch_exit_hook, *args):
+        pass
+
+    tuple_attrs = {"arg_annotations": (), "kernel_signature": b""}
+    assert _common.c_launch_layout(_fake_launcher(call_36)) == _common.C_LAUNCH_SPREAD
+    assert _common.c_launch_layout(_fake_launcher(call_37, **tuple_attrs)) == _common.C_LAUNCH_TUPLE
+    refused = [_fake_launcher(call_37),  # 3.7 parameters without the annotations it needs
+               _fake_launcher(call_36, global_scratch_size=128),  # the wrapper would allocate scratch
+               _fake_launcher(call_37, profile_scratch_size=64, **tuple_attrs),
+               _fake_launcher(call_37, gsan_enabled=True, **tuple_attrs),
+               _fake_launcher(lambda self, *args: None),
+               object()]
+    assert all(_common.c_launch_layout(r) == _common.RUN_LAUNCHER for r in refused)
+
+
+def test_c_launch_layout_of_the_installed_triton():
+    """The installed Triton's own CudaLauncher class (3.6: spread arguments; 3.7-3.9: a tuple)."""
+    import triton
+
+    from tritonsoftmax.kernels import _common
+
+    launcher_cls = pytest.importorskip("triton.backends.nvidia.driver").CudaLauncher
+    run = object.__new__(launcher_cls)
+    run.__dict__.update(launch=print, global_scratch_size=0, profile_scratch_size=0, gsan_enabled=False,
+                        arg_annotations=(), kernel_signature=b"")
+    major, minor = (int(v) for v in triton.__version__.split(".")[:2])
+    if (major, minor) == (3, 6):
+        del run.arg_annotations, run.kernel_signature  # 3.6's launcher has neither
+        assert _common.c_launch_layout(run) == _common.C_LAUNCH_SPREAD
+    elif (3, 7) <= (major, minor) <= (3, 9):
+        assert _common.c_launch_layout(run) == _common.C_LAUNCH_TUPLE
+    else:
+        pytest.skip(f"triton {triton.__version__}: layouts are checked for 3.6-3.9 only")
+
+
+@pytest.mark.gpu
+def test_warm_call_starts_the_kernel_through_the_c_launch_function():
+    from tritonsoftmax import api
+    from tritonsoftmax.kernels import _common
+
+    x = random_input((8, 2048), torch.float32, DEVICE, seed=3)
+    tritonsoftmax.softmax(x)
+    prepared, _ = api._prepared[api._signature(x, -1, None, "auto", False, False)]
+    assert prepared._layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
+    for seed in (4, 5):
+        x2 = random_input((8, 2048), torch.float32, DEVICE, seed=seed)
+        assert_softmax_close(tritonsoftmax.softmax(x2), x2)
+
+
 def test_warm_backward_with_a_misaligned_saved_output_is_still_correct():
     from tritonsoftmax import api
 

@@ -43,13 +43,15 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     assert dispatch.choose(8, 32768, torch.float32, SM90).impl == "coop"
 
 
-@pytest.mark.parametrize("M,N,fp32,bf16", [
-    (1, 8388608, "split", "split"), (1, 2097152, "split", "split"), (32, 152064, "coop", "split"),
-    (1, 131072, "coop", "coop"), (8, 131072, "coop", "coop"), (4, 1048576, "coop", "coop"),
-    (8, 1048576, "coop", "split"), (128, 131072, "coop", "split"), (263, 65536, "coop", "split"),
-    (8, 16384, "fused", "fused")])
-def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_else_split(M, N, fp32, bf16):
-    for backward in (False, True):
+@pytest.mark.parametrize("M,N,fp32,bf16_fwd,bf16_bwd", [
+    (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "split"),
+    (32, 152064, "coop", "split", "coop"), (1, 131072, "coop", "coop", "coop"), (8, 131072, "coop", "coop", "coop"),
+    (4, 1048576, "coop", "coop", "coop"), (8, 1048576, "coop", "split", "coop"),
+    (128, 131072, "coop", "split", "coop"), (263, 65536, "coop", "split", "coop"),
+    (8, 16384, "fused", "fused", "fused")])
+def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_split(
+        M, N, fp32, bf16_fwd, bf16_bwd):
+    for backward, bf16 in ((False, bf16_fwd), (True, bf16_bwd)):
         assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
         assert dispatch.choose(M, N, torch.bfloat16, SM90, backward).impl == bf16
         assert dispatch.choose(M, N, torch.float16, SM90, backward).impl == bf16

@@ -37,7 +37,8 @@ def test_auto_matches_reference(M, N, dtype):
 # Two or more explicit configs per family: several tiles per row, several rows per program.
 EXPLICIT = {
     "fused": [LaunchConfig.make(1, BLOCK_N=128, ROWS=8), LaunchConfig.make(4, BLOCK_N=256, ROWS=1),
-              LaunchConfig.make(2, BLOCK_N=128, ROWS=2)],
+              LaunchConfig.make(2, BLOCK_N=128, ROWS=2),
+              LaunchConfig.make(2, BLOCK_N=128, ROWS=2, STAGES=3, PER_SM=1)],  # persistent, pipelined
     "tile": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "online": [LaunchConfig.make(1, BLOCK=32), LaunchConfig.make(2, 2, BLOCK=64)],
     "split": [LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4), LaunchConfig.make(2, BLOCK=16, TILES=1, BLOCK_G=16)],
@@ -55,6 +56,33 @@ def test_explicit_config_is_used_and_correct(impl, config, M, N, dtype):
     used = LAUNCHERS[impl](x, y, config)
     assert used == config
     assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_pipelined_programs_loop_over_more_rows_than_programs(dtype):
+    from tritonsoftmax.device import device_info
+
+    sms = device_info(torch.device(DEVICE)).sm_count
+    x = random_input((3 * sms + 5, 1000), dtype, DEVICE, seed=11)
+    y = poisoned_like(x)
+    config = LaunchConfig.make(4, BLOCK_N=1024, ROWS=1, STAGES=3, PER_SM=1)
+    assert fused.launch(x, y, config) == config
+    assert_softmax_close(y, x)
+
+
+def test_fused_pipelined_configs_only_for_long_rows_and_many_rows():
+    from test_dispatch import SM90
+
+    def pipelined(M, N):
+        return [c for c in fused.FAMILY.configs(SM90, M, N) if dict(c.meta).get("STAGES", 1) > 1]
+
+    long_many = pipelined(4096, 32768)
+    assert long_many and all(c.num_warps >= 16 for c in long_many)
+    assert fused.FAMILY.grid(4096, 32768, dict(long_many[0].meta), SM90) == (SM90.sm_count,)
+    assert fused.FAMILY.grid(100, 32768, dict(long_many[0].meta), SM90) == (100,)
+    assert not pipelined(4096, 8192) and not pipelined(SM90.sm_count, 32768)
+    plain = [c for c in fused.FAMILY.configs(SM90, 4096, 16384) if dict(c.meta).get("STAGES", 1) == 1]
+    assert 32 in {c.num_warps for c in plain}  # 16 elements a thread (bf16 backward: 3909 vs 3087 GB/s at 16)
 
 
 def test_fused_rejects_config_shorter_than_row():

@@ -37,9 +37,11 @@ FEW_ROWS_PER_SM = 2
 # Few rows go to it when all their programs fit on the GPU at once (COOP_PROGRAMS_PER_SM programs
 # of up to COOP_CHUNK elements per SM), and in fp32 whenever a row is read once (H200, session 3,
 # bench/results/h200/sweep-fwd/: 8/16/32x1M coop 2168/2350/2474 GB/s against split's 1965/2132
-# before; 64/128x131072 2250/2749 against 2017/2152; 32x152064 2017 against 1877). 16-bit chunks
-# hold half the bytes for the same waiting, and split's two launches win there (bf16 16/32x1M
-# split 1942/2072 against coop 1600/1848). Many long rows go to it in every dtype, forward and
+# before; 64/128x131072 2250/2749 against 2017/2152; 32x152064 2017 against 1877). 16-bit forward
+# chunks hold half the bytes for the same waiting, and split's two launches win there (bf16 16/32x1M
+# split 1942/2072 against coop 1600/1848); the 16-bit backward holds two tensors and coop wins
+# (session 4, sweep-bwd/: bf16 8/32x1M coop 2147/2736 against split 1892/2186, 128x131072 2586
+# against 2055; fp16 alike). Many long rows go to it in every dtype, forward and
 # backward (16-bit forward: a tie with online, 2848 against 2931 at 4096x65536 bf16, 2816
 # against 2755 at 4096x262144, both reading once less). Used on CUDA only: the cooperative kernel
 # has been measured on the H200 and never run on AMD.
@@ -94,8 +96,9 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
-    Rule("coop", "few long rows, all on chip at once (or fp32 read once): one cooperative launch",
-         lambda s: few_rows(s) and (coop_fits_at_once(s) or (coop_single_read(s) and s.dtype.itemsize >= 4))),
+    Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
+         lambda s: few_rows(s) and (coop_fits_at_once(s)
+                                    or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
     Rule("coop", "many long rows: one cooperative launch, each element read once",

@@ -20,6 +20,7 @@ its grid.
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from collections.abc import Callable
@@ -131,14 +132,14 @@ class Family:
 
     configs(device, M, N) -> every config worth trying for that shape on that device.
     heuristic(device, M, N) -> the config used without tuning (the interpreter's only config).
-    grid(M, N, meta) -> launch grid for a config's meta-parameters.
+    grid(M, N, meta, device) -> launch grid for a config's meta-parameters on that device.
     """
 
     name: str
     kernel: object
     configs: Callable[[DeviceInfo, int, int], list[LaunchConfig]]
     heuristic: Callable[[DeviceInfo, int, int], LaunchConfig]
-    grid: Callable[[int, int, dict], tuple[int, ...]]
+    grid: Callable[[int, int, dict, DeviceInfo], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
     grid_from_m: ClassVar[bool] = False  # chunks (and so the grid) sized from M: see tuning.lookup
 
@@ -181,6 +182,53 @@ def _no_launch_hooks() -> bool:
     """True when no launch hook (e.g. a Triton profiler's) is installed."""
     hook = knobs.runtime.launch_enter_hook
     return hook is None or not getattr(hook, "calls", True)
+
+
+# How a warm call starts a compiled kernel (see c_launch_layout).
+RUN_LAUNCHER = 0  # through Triton's CudaLauncher object (its Python __call__, then its C function)
+C_LAUNCH_SPREAD = 1  # its C function, kernel arguments spread after 4 leading slots (triton 3.6)
+C_LAUNCH_TUPLE = 2  # its C function, kernel arguments as one tuple after their annotations (triton 3.7-3.9)
+
+
+def c_launch_layout(run) -> int:
+    """How to call ``run`` (a CompiledKernel's ``run``) without its Python wrapper, which only
+    allocates the scratch buffers a kernel may need (ours need none) and spends ~2 us doing so
+    (H200 machine, 8x2048 fp32: 8.5 us through the wrapper, 6.6 us direct; bench/NOTES.md).
+
+    The layout is recognised from CudaLauncher.__call__'s parameters and attributes, which changed
+    once between triton 3.6 and 3.7 (checked against each release's driver.py from 3.6 to 3.9);
+    anything else (AMD's launcher, a kernel with scratch, a sanitizer, an unknown layout) keeps
+    RUN_LAUNCHER."""
+    if type(run).__name__ != "CudaLauncher" or not hasattr(run, "launch"):
+        return RUN_LAUNCHER
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1) \
+            or getattr(run, "gsan_enabled", False):
+        return RUN_LAUNCHER
+    try:
+        params = tuple(inspect.signature(type(run).__call__).parameters)
+    except (TypeError, ValueError):
+        return RUN_LAUNCHER
+    head = ("self", "gridX", "gridY", "gridZ", "stream", "function")
+    if params == head + ("args",) and not hasattr(run, "arg_annotations"):
+        return C_LAUNCH_SPREAD
+    hooks = ("kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook", "args")
+    if params == head + hooks and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+        return C_LAUNCH_TUPLE
+    return RUN_LAUNCHER
+
+
+def constexpr_values(kernel, meta: dict) -> tuple:
+    """The values a compiled kernel's launcher takes after the runtime arguments: each of
+    ``kernel``'s parameters named in ``meta``, or left to its default (e.g. fused's STAGES), in
+    parameter order. (Triton's own launch path fills defaults in; the warm path must do it here.)"""
+    params = inspect.signature(kernel.fn).parameters
+    out = []
+    for name in kernel.arg_names:
+        if name in meta:
+            out.append(meta[name])
+        elif params[name].default is not inspect.Parameter.empty:
+            out.append(params[name].default)
+    return tuple(out)
 
 
 def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, bool]:
@@ -227,8 +275,18 @@ class PreparedLaunch:
         args, aligned = _raw_args(x, y, extra)
         if self._runner is not None and aligned == self._aligned:
             if _no_launch_hooks():  # start the compiled kernel with nothing in between
-                self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None, None,
-                          *args, *self.tail, *self._meta)
+                layout = self._layout
+                if layout == C_LAUNCH_TUPLE:
+                    self._launch(*self._grid3, self._stream(self._dev), self._function, self._coop_pdl[0],
+                                 self._coop_pdl[1], self._packed, None, None, None, None, None, self._annotations,
+                                 self._kernel_signature, (*args, *self.tail, *self._meta))
+                elif layout == C_LAUNCH_SPREAD:
+                    self._launch(*self._grid3, self._stream(self._dev), self._function, self._coop_pdl[0],
+                                 self._coop_pdl[1], None, None, self._packed, None, None, None,
+                                 *args, *self.tail, *self._meta)
+                else:
+                    self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None,
+                              None, *args, *self.tail, *self._meta)
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
@@ -247,14 +305,20 @@ class PreparedLaunch:
 
     def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
-        grid = self.family.grid(self.problem.M, self.problem.N, kwargs)
+        grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
         compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
-            meta = {**dict(self.config.meta), **self.flags}
-            self._meta = tuple(meta[name] for name in self.family.kernel.arg_names if name in meta)
+            self._compiled = compiled  # kept for diagnostics (registers, spills)
+            self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
             self._grid3 = tuple(grid) + (1,) * (3 - len(grid))
             self._runner = compiled[self._grid3]  # loads the module on the device
             self._run, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
+            self._layout = c_launch_layout(compiled.run)
+            if self._layout != RUN_LAUNCHER:
+                run = compiled.run
+                self._launch, self._coop_pdl = run.launch, (run.launch_cooperative_grid, run.launch_pdl)
+                self._annotations = getattr(run, "arg_annotations", None)
+                self._kernel_signature = getattr(run, "kernel_signature", None)
             self._stream = driver.active.get_current_stream
             self._dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
             self._aligned = aligned
@@ -262,7 +326,7 @@ class PreparedLaunch:
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N
         tuner = self.family.autotuned(self.device)
-        tuner[lambda meta: self.family.grid(M, N, meta)](x, y, *extra, *self.tail, **self.flags)
+        tuner[lambda meta: self.family.grid(M, N, meta, self.device)](x, y, *extra, *self.tail, **self.flags)
         self.config = LaunchConfig.from_triton(tuner.best_config)
         if save_tuning_enabled():
             timings = getattr(tuner, "configs_timings", None) or {}
@@ -319,24 +383,23 @@ def family_launchers(family: Family, bwd_family: Family):
 
 
 def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 8,
-                 max_per_thread: int = 32) -> list[int]:
-    """num_warps values that give each thread between min and max elements of a program's tile."""
+                 max_per_thread: int = 32, max_warps: int = 16) -> list[int]:
+    """num_warps values (up to ``max_warps`` and the device's threads per program) that give each
+    thread between min and max elements of a program's tile."""
     out = []
-    for nw in (1, 2, 4, 8, 16):
-        threads = nw * device.warp_size
-        if threads > device.max_threads_per_program:
-            break
-        per_thread = elements / threads
-        if per_thread > max_per_thread or (per_thread < min_per_thread and nw > 1):
-            continue
-        out.append(nw)
-    return out or [min(16, device.max_threads_per_program // device.warp_size)]
-
-
-def heuristic_warps(device: DeviceInfo, elements: int, per_thread: int = 16) -> int:
-    """One num_warps for a tile of ``elements``: about ``per_thread`` elements a thread, 1..16 warps."""
     nw = 1
-    while nw < 16 and nw * 2 * device.warp_size <= device.max_threads_per_program \
+    while nw <= max_warps and nw * device.warp_size <= device.max_threads_per_program:
+        per_thread = elements / (nw * device.warp_size)
+        if min_per_thread <= per_thread <= max_per_thread or (per_thread < min_per_thread and nw == 1):
+            out.append(nw)
+        nw *= 2
+    return out or [min(max_warps, device.max_threads_per_program // device.warp_size)]
+
+
+def heuristic_warps(device: DeviceInfo, elements: int, per_thread: int = 16, max_warps: int = 16) -> int:
+    """One num_warps for a tile of ``elements``: about ``per_thread`` elements a thread, 1..max_warps warps."""
+    nw = 1
+    while nw < max_warps and nw * 2 * device.warp_size <= device.max_threads_per_program \
             and elements > per_thread * nw * device.warp_size:
         nw *= 2
     return nw

@@ -239,7 +239,7 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return _shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
 
 
-def _grid(M: int, N: int, meta: dict) -> tuple[int]:
+def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
     return (M * chunks(N, meta),)
 
 

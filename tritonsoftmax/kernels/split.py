@@ -178,7 +178,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return _shape_config(device, M, N, block, _common.heuristic_warps(device, block))
 
 
-def _grid(M: int, N: int, meta: dict) -> tuple[int]:
+def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
     return (M * chunks(N, meta),)
 
 
@@ -202,7 +202,7 @@ class SplitLaunch:
                              f"of a {problem.N}-element row")
         self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
         self._second = PreparedLaunch(passes[1], problem, self.config, device, flags=flags)
-        self._ws_len = words * _grid(problem.M, problem.N, meta)[0]
+        self._ws_len = words * _grid(problem.M, problem.N, meta, device)[0]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws = torch.empty(self._ws_len, device=x.device, dtype=torch.float32)

@@ -73,7 +73,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return LaunchConfig.make(_common.heuristic_warps(device, block), BLOCK=block)
 
 
-def _grid(M: int, N: int, meta: dict) -> tuple[int]:
+def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
     return (M,)
 
 
