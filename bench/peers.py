@@ -8,8 +8,10 @@ supported). Peer libraries are imported lazily; set ``TRITONSOFTMAX_PEERS_SITE``
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import types
 from collections.abc import Callable
 
 import torch
@@ -88,19 +90,35 @@ def _naive(x: torch.Tensor) -> Callable[[], torch.Tensor]:
     return run
 
 
-_compiled = None
+_compiled_points = itertools.count()
+
+
+def compiled_per_point(fn: Callable) -> Callable:
+    """``torch.compile(fn, dynamic=False)`` on a copy of ``fn`` with its own code object.
+
+    Dynamo keeps its compiled graphs on the code object: one lambda compiled for every point of
+    a sweep piles up one graph per shape on one code object, and past the recompile limit (8 by
+    default) Dynamo silently runs eager code (the session-3 backward grids measured that fallback
+    for every point after the 8th). A fresh code object per point gives each point its own
+    single graph: what a user calling with one static shape gets."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_point{next(_compiled_points)}")
+    fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    return torch.compile(fresh, dynamic=False)
+
+
+def _softmax_last(t: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(t, -1)
+
+
+def _softmax_grad_last(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return y * (dy - (dy * y).sum(-1, keepdim=True))
 
 
 def _compile(x: torch.Tensor) -> Callable[[], torch.Tensor]:
-    global _compiled
     if not x.is_cuda:
         raise Unavailable("torch.compile is compared on the GPU only")
-    if _compiled is None:
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = 256  # one graph per benchmarked shape
-        _compiled = torch.compile(lambda t: torch.softmax(t, -1), dynamic=False)
-    return lambda: _compiled(x)
+    fn = compiled_per_point(_softmax_last)
+    return lambda: fn(x)
 
 
 def _peer(module: str, x: torch.Tensor):
@@ -132,7 +150,7 @@ def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tens
     if name == "compile":
         if not x.is_cuda:
             raise Unavailable("torch.compile is compared on the GPU only")
-        fn = torch.compile(lambda dy, y: y * (dy - (dy * y).sum(-1, keepdim=True)), dynamic=False)
+        fn = compiled_per_point(_softmax_grad_last)
         return lambda: fn(dy, y)
     if name == "tutorial":
         raise Unavailable("the tutorial kernel has no backward")

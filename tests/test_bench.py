@@ -41,3 +41,24 @@ def test_cpu_backward_sweep(tmp_path):
     row = next(line for line in summary.splitlines() if line.startswith("| 64×1024"))
     assert "–" not in row.split("|")[1:6]
     assert "tutorial: the tutorial kernel has no backward" in summary
+
+
+def test_torch_compile_peer_gets_its_own_code_object_per_point(monkeypatch):
+    """Dynamo keeps graphs per code object: one shared lambda over a whole grid hits the recompile
+    limit and silently runs eager (what the session-3 backward grids measured after 8 points)."""
+    import torch
+
+    from bench import peers
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append((fn, kw)) or fn)
+    first = peers.compiled_per_point(peers._softmax_last)
+    second = peers.compiled_per_point(peers._softmax_last)
+    assert first.__code__ is not second.__code__
+    assert first.__code__ is not peers._softmax_last.__code__
+    assert all(kw == {"dynamic": False} for _, kw in seen)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(first(x), torch.softmax(x, -1))
+    dy, y = torch.randn(3, 5), torch.softmax(torch.randn(3, 5), -1)
+    grad = peers.compiled_per_point(peers._softmax_grad_last)
+    torch.testing.assert_close(grad(dy, y), y * (dy - (dy * y).sum(-1, keepdim=True)))
