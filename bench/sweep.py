@@ -261,11 +261,13 @@ def _parts(out: Path) -> list[dict]:
 
 
 def _latest_points(out: Path) -> list[dict]:
+    """The latest measurement of each (plot, dtype, shape) across the parts, in plot order and then
+    by N and M (a point re-measured by a later part keeps its place)."""
     latest: dict[tuple, dict] = {}
     for i, part in enumerate(_parts(out), 1):
         for pt in part["points"]:
             latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i}
-    return list(latest.values())
+    return sorted(latest.values(), key=lambda pt: (pt["N"], pt["M"]))
 
 
 def _fmt(v: float) -> str:
