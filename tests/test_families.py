@@ -85,6 +85,26 @@ def test_fused_pipelined_configs_only_for_long_rows_and_many_rows():
     assert 32 in {c.num_warps for c in plain}  # 16 elements a thread (bf16 backward: 3909 vs 3087 GB/s at 16)
 
 
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("impl", FAMILY_NAMES)
+def test_every_config_in_a_search_space_names_only_its_kernels_parameters(impl, backward):
+    """A config with a meta-parameter its kernel lacks fails in Triton's autotuner (the fused
+    backward was once offered the forward's pipelined STAGES/PER_SM configs)."""
+    from test_dispatch import GFX942, SM90
+
+    from tritonsoftmax.kernels import backward_family
+
+    fam = backward_family(impl) if backward else family(impl)
+    kernels = [p.kernel for p in getattr(fam, "passes", ())] or [fam.kernel]
+    for device in (SM90, GFX942):
+        for M, N in ((4096, 256), (4096, 16384), (4096, 32768), (8, 1048576)):
+            if impl == "fused" and N > fused.MAX_N:
+                continue
+            for config in fam.configs(device, M, N):
+                for kernel in kernels:
+                    assert set(dict(config.meta)) <= set(kernel.arg_names), (config, kernel.fn.__name__)
+
+
 def test_fused_rejects_config_shorter_than_row():
     x = random_input((2, 300), torch.float32, DEVICE)
     with pytest.raises(ValueError, match="BLOCK_N"):

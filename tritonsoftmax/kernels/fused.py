@@ -97,7 +97,9 @@ def _softmax_fused_bwd_kernel(
     tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True) -> list[LaunchConfig]:
+    """One or several rows a program over the warp counts; with ``pipelined`` (the forward kernel
+    only) also the persistent pipelined configs for long rows."""
     block_n = next_power_of_2(N)
     # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
     rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
@@ -105,7 +107,7 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     for rows in sorted(r for r in rows_options if r == 1 or r <= next_power_of_2(M)):
         for nw in _common.warp_choices(device, rows * block_n, max_warps=32):
             out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=rows))
-    if block_n >= PIPELINED_MIN_N and M > device.sm_count:
+    if pipelined and block_n >= PIPELINED_MIN_N and M > device.sm_count:
         # Persistent and pipelined: one program an SM, the next rows' loads in flight through shared
         # memory (STAGES - 1 rows of BLOCK_N; configs too big for shared memory fail to compile and are skipped).
         for nw in _common.warp_choices(device, block_n, max_warps=32):
@@ -139,7 +141,11 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
 
 
 FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
-BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _configs, _heuristic, _grid)
+def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+    return _configs(device, M, N, pipelined=False)
+
+
+BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _bwd_configs, _heuristic, _grid)
 
 
 def _check(N: int, config: LaunchConfig | None) -> None:
