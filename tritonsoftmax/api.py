@@ -147,21 +147,31 @@ def _forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
         return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
     flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
     y = torch.empty_like(x, dtype=out_dtype)
-    problem = layout.row_problem(x, y, dim)
+    # Remember the launch unless a cast happened (the key is the uncast input's) or the interpreter
+    # runs it (it reads the environment on every call).
+    remember = key if key[2] == x.dtype and x.device.type != "cpu" else None
+    return _launch_rows(x, y, (), dim, impl, flags, False, s, remember, out_dtype)
+
+
+def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl: str, flags: dict, backward: bool,
+                 scale: float, remember: tuple | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """Run the chosen kernel over the rows along ``dim``: ``a`` (x, or the backward's dy) and ``rest``
+    (the saved output) into ``out``; prepared launches of in-place layouts are kept under ``remember``.
+    Layouts whose other dims do not collapse into two stride groups (or whose column stride passes
+    32 bits) run on contiguous copies with ``dim`` last, written back into ``out``'s layout."""
+    problem = layout.row_problem(a, out, dim)
     if problem is not None:
-        prepared = _prepare(problem, x, y, impl, flags, backward=False)
-        if key[2] == x.dtype and x.device.type != "cpu":  # no cast happened; the interpreter reads env each call
+        prepared = _prepare(problem, a, out, impl, flags, backward)
+        if remember is not None:
             if len(_prepared) >= _PREPARED_MAX:
                 _prepared.clear()
-            _prepared[key] = (prepared, out_dtype)
-        prepared(x, y, s)
-        return y
-    # The other dims do not collapse into two stride groups (or the column stride passes 32 bits):
-    # compute on a contiguous copy with the softmax dim last, then write into y's layout.
-    xt = x.movedim(dim, -1).contiguous()
-    yt = torch.empty_like(xt, dtype=out_dtype)
-    _prepare(layout.row_problem(xt, yt, xt.dim() - 1), xt, yt, impl, flags, backward=False)(xt, yt, s)
-    return y.copy_(yt.movedim(-1, dim))
+            _prepared[remember] = (prepared, out_dtype)
+        prepared(a, out, *rest, scale)
+        return out
+    at, *rt = (t.movedim(dim, -1).contiguous() for t in (a, *rest))
+    ot = torch.empty_like(at, dtype=out.dtype)
+    _prepare(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)(at, ot, *rt, scale)
+    return out.copy_(ot.movedim(-1, dim))
 
 
 def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
@@ -191,18 +201,8 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
     if hit is not None:
         hit[0](dy, dx, y, float(scale))
     else:
-        problem = layout.row_problem(y, dx, dim)
-        if problem is None:
-            yt, dyt = y.movedim(dim, -1).contiguous(), dy.movedim(dim, -1).contiguous()
-            dxt = torch.empty_like(yt)
-            _prepare(layout.row_problem(yt, dxt, yt.dim() - 1), yt, dxt, impl, {"LOG": int(log)},
-                     backward=True)(dyt, dxt, yt, float(scale))
-            dx.copy_(dxt.movedim(-1, dim))
-        else:
-            prepared = _prepare(problem, y, dx, impl, {"LOG": int(log)}, backward=True)
-            if y.device.type != "cpu":
-                _prepared[key] = (prepared, y.dtype)
-            prepared(dy, dx, y, float(scale))
+        _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale),
+                     key if y.device.type != "cpu" else None, y.dtype)
     return dx if input_dtype == dx.dtype else dx.to(input_dtype)
 
 

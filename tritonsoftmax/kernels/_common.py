@@ -90,6 +90,72 @@ def grad_input(dy, y, red, scale, LOG: tl.constexpr):
 
 
 @triton.jit
+def online_update(m, s, z):
+    """Fold tile ``z`` into the running (max m, sum s = sum exp(. - m)); a tile that leaves the
+    running max at -inf adds 0 (not exp(-inf - -inf) = NaN), so a masked prefix never poisons a row."""
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), axis=0)
+
+
+# The tile loops of the kernels that walk a row (online) or a chunk of it (split, coop) in BLOCK-wide
+# tiles: TILES tiles from column ``first``; row pointers/offsets and column strides as each kernel has them.
+
+@triton.jit
+def tiles_max_sum(x_row, stride_col, scale, first, N, BLOCK: tl.constexpr, TILES):
+    """(max m, sum exp(z - m)) over the tiles, folded with online_update (an all -inf stretch gives
+    m = -inf, s = 0)."""
+    offs = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    for t in range(0, TILES):
+        cols = first + t * BLOCK + offs
+        m, s = online_update(m, s, load_scaled(x_row + cols * stride_col, cols < N, scale))
+    return m, s
+
+
+@triton.jit
+def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N, LOG: tl.constexpr,
+                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES):
+    """The output over the tiles from the row's (m, s), last tile first (the tiles read last are
+    the likeliest still in cache)."""
+    offs = tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        cols = first + (TILES - 1 - t) * BLOCK + offs
+        mask = cols < N
+        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
+        tl.store(y_row + cols * stride_y_col, y.to(y_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG: tl.constexpr, BLOCK: tl.constexpr, TILES):
+    """Sum of grad_term(dy, y) over the tiles (dy and y share the offsets g_row + col * stride_g_col)."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for t in range(0, TILES):
+        cols = first + t * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        acc += grad_term(dy, y, LOG)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N,
+                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES):
+    """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first."""
+    offs = tl.arange(0, BLOCK)
+    for t in range(0, TILES):
+        cols = first + (TILES - 1 - t) * BLOCK + offs
+        mask = cols < N
+        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dx = grad_input(dy, y, red, scale, LOG)
+        tl.store(d_row + cols * stride_d_col, dx.to(d_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def chunk_of(index, N, CHUNK: tl.constexpr):
     """For kernels that cut each row into G = cdiv(N, CHUNK) chunks, one program a chunk:
     (G, row, chunk) of program ``index``."""
@@ -380,6 +446,16 @@ def family_launchers(family: Family, bwd_family: Family):
         return launch_backward(bwd_family, dy2d, y2d, dx2d, config, scale, log)
 
     return launch, launch_bwd
+
+
+def chunks(N: int, meta: dict) -> int:
+    """G: programs (chunks of TILES x BLOCK elements) per row for a split or coop config."""
+    return triton.cdiv(N, meta["BLOCK"] * meta["TILES"])
+
+
+def chunk_grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
+    """The grid of the split and coop kernels: one program per chunk of every row."""
+    return (M * chunks(N, meta),)
 
 
 def warp_choices(device: DeviceInfo, elements: int, min_per_thread: int = 8,

@@ -33,8 +33,22 @@ from ..device import DeviceInfo, interpreter_active
 from ..dispatch import COOP_CHUNK, COOP_PROGRAMS_PER_SM
 from ..layout import RowProblem
 from . import _common
-from ._common import Family, PreparedLaunch, combine_partials, finish, grad_input, grad_term, load_scaled, row_offsets
-from .online import online_update
+from ._common import (
+    Family,
+    PreparedLaunch,
+    chunk_grid,
+    chunks,
+    combine_partials,
+    finish,
+    grad_input,
+    grad_term,
+    load_scaled,
+    row_offsets,
+    tiles_grad_sum,
+    tiles_grad_write,
+    tiles_max_sum,
+    tiles_write,
+)
 
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
@@ -105,11 +119,7 @@ def _softmax_coop_fwd_kernel(
         e = tl.exp(z - tl.where(m == NEG_INF, 0.0, m))
         s = tl.sum(e, axis=0)
     else:
-        m = tl.max(tl.full([BLOCK], NEG_INF, tl.float32), axis=0)
-        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-        for t in range(0, TILES):
-            cols = first + t * BLOCK + offs
-            m, s = online_update(m, s, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
+        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, BLOCK, TILES)
     if PHASE != 2:
         tl.store(ws_ptr + 2 * ticket, m)
         tl.store(ws_ptr + 2 * ticket + 1, s)
@@ -127,11 +137,8 @@ def _softmax_coop_fwd_kernel(
                     y = tl.where(m_r == NEG_INF, 0.0, y)
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=first + offs < N)
         else:
-            for t in range(0, TILES):
-                cols = first + (TILES - 1 - t) * BLOCK + offs
-                mask = cols < N
-                y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m_r, s_r, LOG, ZERO_MASKED)
-                tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, LOG, ZERO_MASKED,
+                        BLOCK, TILES)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -161,13 +168,7 @@ def _softmax_coop_bwd_kernel(
         y = tl.load(y_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
         part = tl.sum(grad_term(dy, y, LOG), axis=0)
     else:
-        acc = tl.zeros([BLOCK], tl.float32)
-        for t in range(0, TILES):
-            cols = first + t * BLOCK + offs
-            dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=cols < N, other=0.0).to(tl.float32)
-            y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=cols < N, other=0.0).to(tl.float32)
-            acc += grad_term(dy, y, LOG)
-        part = tl.sum(acc, axis=0)
+        part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG, BLOCK, TILES)
     if PHASE != 2:
         tl.store(ws_ptr + ticket, part)
     if PHASE == 0:
@@ -180,23 +181,13 @@ def _softmax_coop_bwd_kernel(
             dx = grad_input(dy, y, red, scale, LOG)
             tl.store(d_row + (first + offs) * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         else:
-            for t in range(0, TILES):
-                cols = first + (TILES - 1 - t) * BLOCK + offs
-                mask = cols < N
-                dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-                y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-                dx = grad_input(dy, y, red, scale, LOG)
-                tl.store(d_row + cols * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, LOG,
+                             BLOCK, TILES)
 
 
 def max_chunks(device: DeviceInfo) -> int:
     """The most programs a row may have: the forward-progress argument needs G <= SM count."""
     return max(1, device.sm_count)
-
-
-def chunks(N: int, meta: dict) -> int:
-    """G: programs per row for a config."""
-    return triton.cdiv(N, meta["BLOCK"] * meta["TILES"])
 
 
 def _shape_config(device: DeviceInfo, N: int, block: int, num_warps: int) -> LaunchConfig:
@@ -239,11 +230,7 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return _shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
 
 
-def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
-    return (M * chunks(N, meta),)
-
-
-_scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 view, capacity in words)
+_scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 view, ws words, sync words)
 
 
 def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +304,7 @@ class CoopFamily(Family):
     grid_from_m = True
 
     def __init__(self, name: str, kernel, heuristic, words: int):
-        super().__init__(name, kernel, _configs, heuristic, _grid)
+        super().__init__(name, kernel, _configs, heuristic, chunk_grid)
         self.words = words
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,

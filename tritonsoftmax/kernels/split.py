@@ -20,15 +20,16 @@ from . import _common
 from ._common import (
     Family,
     PreparedLaunch,
+    chunk_grid,
     chunk_of,
+    chunks,
     combine_partials,
-    finish,
-    grad_input,
-    grad_term,
-    load_scaled,
     row_offsets,
+    tiles_grad_sum,
+    tiles_grad_write,
+    tiles_max_sum,
+    tiles_write,
 )
-from .online import online_update
 
 IMPL = "split"
 PROGRAMS_PER_SM = 8  # aim for this many programs per SM across all rows
@@ -49,18 +50,13 @@ def _softmax_split_stats_kernel(
 
     x_ptr, scale, strides: as in the fused kernel; y_ptr, LOG, ZERO_MASKED, BLOCK_G: unused here
     (one signature and config for both passes). ws_ptr: float32 workspace; ws[2p] = the chunk's
-    max m, ws[2p + 1] = sum exp(z - m) over the chunk (online_update's invariant: an all -inf
+    max m, ws[2p + 1] = sum exp(z - m) over the chunk (_common.online_update's invariant: an all -inf
     chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk.
     """
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
-    offs = tl.arange(0, BLOCK)
-    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-    s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    for t in range(0, TILES):
-        cols = (g * TILES + t) * BLOCK + offs
-        m, s = online_update(m, s, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, BLOCK, TILES)
     tl.store(ws_ptr + 2 * pid, m)
     tl.store(ws_ptr + 2 * pid + 1, s)
 
@@ -85,12 +81,8 @@ def _softmax_split_write_kernel(
     m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
-    offs = tl.arange(0, BLOCK)
-    for t in range(0, TILES):
-        cols = (g * TILES + (TILES - 1 - t)) * BLOCK + offs
-        mask = cols < N
-        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
-        tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, LOG, ZERO_MASKED,
+                BLOCK, TILES)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -109,15 +101,8 @@ def _softmax_split_bwd_partial_kernel(
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for t in range(0, TILES):
-        cols = (g * TILES + t) * BLOCK + offs
-        mask = cols < N
-        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        acc += grad_term(dy, y, LOG)
-    tl.store(ws_ptr + pid, tl.sum(acc, axis=0))
+    part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, LOG, BLOCK, TILES)
+    tl.store(ws_ptr + pid, part)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -135,19 +120,8 @@ def _softmax_split_bwd_write_kernel(
     red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0), axis=0)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
-    offs = tl.arange(0, BLOCK)
-    for t in range(0, TILES):
-        cols = (g * TILES + (TILES - 1 - t)) * BLOCK + offs
-        mask = cols < N
-        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        dx = grad_input(dy, y, red, scale, LOG)
-        tl.store(d_row + cols * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-
-
-def chunks(N: int, meta: dict) -> int:
-    """G: chunks per row for a config."""
-    return triton.cdiv(N, meta["BLOCK"] * meta["TILES"])
+    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, LOG,
+                     BLOCK, TILES)
 
 
 def _shape_config(device: DeviceInfo, M: int, N: int, block: int, num_warps: int) -> LaunchConfig:
@@ -178,10 +152,6 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return _shape_config(device, M, N, block, _common.heuristic_warps(device, block))
 
 
-def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
-    return (M * chunks(N, meta),)
-
-
 class SplitLaunch:
     """The two passes of the split family, ready to start again and again (see PreparedLaunch).
 
@@ -202,7 +172,7 @@ class SplitLaunch:
                              f"of a {problem.N}-element row")
         self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
         self._second = PreparedLaunch(passes[1], problem, self.config, device, flags=flags)
-        self._ws_len = words * _grid(problem.M, problem.N, meta, device)[0]
+        self._ws_len = words * chunk_grid(problem.M, problem.N, meta, device)[0]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws = torch.empty(self._ws_len, device=x.device, dtype=torch.float32)
@@ -217,7 +187,7 @@ class SplitFamily(Family):
     grid_from_m = True
 
     def __init__(self, name: str, passes: tuple[Family, Family], words: int):
-        super().__init__(name, passes[1].kernel, _configs, _heuristic, _grid)
+        super().__init__(name, passes[1].kernel, _configs, _heuristic, chunk_grid)
         self.passes, self.words = passes, words
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
@@ -226,7 +196,7 @@ class SplitFamily(Family):
 
 
 def _pass(name: str, kernel) -> Family:
-    return Family(name, kernel, _configs, _heuristic, _grid)
+    return Family(name, kernel, _configs, _heuristic, chunk_grid)
 
 
 FAMILY = SplitFamily(IMPL, (_pass("split-stats", _softmax_split_stats_kernel),
