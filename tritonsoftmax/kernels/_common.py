@@ -49,11 +49,28 @@ def row_offsets(rows, INNER, stride_outer, stride_inner):
     return outer * stride_outer + inner * stride_inner
 
 
+KEEP = tl.constexpr(1)  # EVICT: a read whose data a later pass reads again (evict_last)
+DROP = tl.constexpr(2)  # EVICT: the last read of the data (evict_first)
+
+
 @triton.jit
-def load_scaled(ptrs, mask, scale):
+def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
+    """A tile as fp32 (masked lanes 0). EVICT: 0 the default L2 policy, KEEP or DROP (NVIDIA PTX
+    eviction priorities; a first pass marks what its second pass re-reads, as inductor's two-loop
+    reductions do)."""
+    if EVICT == KEEP:
+        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+    elif EVICT == DROP:
+        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
     """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale``."""
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    return tl.where(mask, x * scale, float("-inf"))
+    return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
 
 
 @triton.jit
@@ -102,55 +119,57 @@ def online_update(m, s, z):
 # tiles: TILES tiles from column ``first``; row pointers/offsets and column strides as each kernel has them.
 
 @triton.jit
-def tiles_max_sum(x_row, stride_col, scale, first, N, BLOCK: tl.constexpr, TILES):
+def tiles_max_sum(x_row, stride_col, scale, first, N, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
     """(max m, sum exp(z - m)) over the tiles, folded with online_update (an all -inf stretch gives
-    m = -inf, s = 0)."""
+    m = -inf, s = 0). HINTS: mark the tiles to be kept in L2 for the write pass."""
     offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for t in range(0, TILES):
         cols = first + t * BLOCK + offs
-        m, s = online_update(m, s, load_scaled(x_row + cols * stride_col, cols < N, scale))
+        m, s = online_update(m, s, load_scaled(x_row + cols * stride_col, cols < N, scale, KEEP * HINTS))
     return m, s
 
 
 @triton.jit
 def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N, LOG: tl.constexpr,
-                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES):
+                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
     """The output over the tiles from the row's (m, s), last tile first (the tiles read last are
-    the likeliest still in cache)."""
+    the likeliest still in cache); HINTS: this last read lets them go."""
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs
         mask = cols < N
-        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale), m, s, LOG, ZERO_MASKED)
+        y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale, DROP * HINTS), m, s, LOG, ZERO_MASKED)
         tl.store(y_row + cols * stride_y_col, y.to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG: tl.constexpr, BLOCK: tl.constexpr, TILES):
-    """Sum of grad_term(dy, y) over the tiles (dy and y share the offsets g_row + col * stride_g_col)."""
+def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG: tl.constexpr, BLOCK: tl.constexpr, TILES,
+                   HINTS: tl.constexpr):
+    """Sum of grad_term(dy, y) over the tiles (dy and y share the offsets g_row + col * stride_g_col);
+    HINTS as in tiles_max_sum."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for t in range(0, TILES):
         cols = first + t * BLOCK + offs
         mask = cols < N
-        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, KEEP * HINTS)
+        y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, KEEP * HINTS)
         acc += grad_term(dy, y, LOG)
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
 def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N,
-                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES):
-    """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first."""
+                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
+    """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first (HINTS as in tiles_write)."""
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs
         mask = cols < N
-        dy = tl.load(dy_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + g_row + cols * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
+        y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
         dx = grad_input(dy, y, red, scale, LOG)
         tl.store(d_row + cols * stride_d_col, dx.to(d_row.dtype.element_ty), mask=mask)
 

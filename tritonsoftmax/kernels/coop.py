@@ -95,6 +95,7 @@ def _softmax_coop_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -104,7 +105,8 @@ def _softmax_coop_fwd_kernel(
     and ends), [1 + r] row r's barrier counter (a multiple of ROUND when a launch starts and ends).
     BLOCK: tile width; TILES: tiles per chunk (1: the chunk stays in registers, one read, its
     exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
-    cooperative, 1 partials only, 2 combine and write only (the two-launch mode).
+    cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
+    hints on the two reads when TILES > 1 (0 gives plain loads).
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
@@ -119,7 +121,7 @@ def _softmax_coop_fwd_kernel(
         e = tl.exp(z - tl.where(m == NEG_INF, 0.0, m))
         s = tl.sum(e, axis=0)
     else:
-        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, BLOCK, TILES)
+        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, BLOCK, TILES, HINTS)
     if PHASE != 2:
         tl.store(ws_ptr + 2 * ticket, m)
         tl.store(ws_ptr + 2 * ticket + 1, s)
@@ -138,7 +140,7 @@ def _softmax_coop_fwd_kernel(
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=first + offs < N)
         else:
             tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, LOG, ZERO_MASKED,
-                        BLOCK, TILES)
+                        BLOCK, TILES, HINTS)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -148,6 +150,7 @@ def _softmax_coop_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk into ws[ticket] (one word), waits at the row barrier, adds the row's G partials and
@@ -168,7 +171,7 @@ def _softmax_coop_bwd_kernel(
         y = tl.load(y_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
         part = tl.sum(grad_term(dy, y, LOG), axis=0)
     else:
-        part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG, BLOCK, TILES)
+        part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG, BLOCK, TILES, HINTS)
     if PHASE != 2:
         tl.store(ws_ptr + ticket, part)
     if PHASE == 0:
@@ -182,7 +185,7 @@ def _softmax_coop_bwd_kernel(
             tl.store(d_row + (first + offs) * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         else:
             tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, LOG,
-                             BLOCK, TILES)
+                             BLOCK, TILES, HINTS)
 
 
 def max_chunks(device: DeviceInfo) -> int:

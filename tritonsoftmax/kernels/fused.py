@@ -97,15 +97,16 @@ def _softmax_fused_bwd_kernel(
     tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True) -> list[LaunchConfig]:
-    """One or several rows a program over the warp counts; with ``pipelined`` (the forward kernel
-    only) also the persistent pipelined configs for long rows."""
+def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
+             max_per_thread: int = 32) -> list[LaunchConfig]:
+    """One or several rows a program over the warp counts (8 to ``max_per_thread`` values a thread);
+    with ``pipelined`` (the forward kernel only) also the persistent pipelined configs for long rows."""
     block_n = next_power_of_2(N)
     # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
     rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
     out = []
     for rows in sorted(r for r in rows_options if r == 1 or r <= next_power_of_2(M)):
-        for nw in _common.warp_choices(device, rows * block_n, max_warps=32):
+        for nw in _common.warp_choices(device, rows * block_n, max_per_thread=max_per_thread, max_warps=32):
             out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=rows))
     if pipelined and block_n >= PIPELINED_MIN_N and M > device.sm_count:
         # Persistent and pipelined: one program an SM, the next rows' loads in flight through shared
@@ -142,7 +143,9 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
 
 FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
-    return _configs(device, M, N, pipelined=False)
+    """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
+    4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5)."""
+    return _configs(device, M, N, pipelined=False, max_per_thread=64 if next_power_of_2(N) >= 16384 else 32)
 
 
 BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _bwd_configs, _heuristic, _grid)

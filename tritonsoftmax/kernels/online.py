@@ -19,12 +19,14 @@ def _softmax_online_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
     reverse write pass.
 
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
-    N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width.
+    N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width. HINTS: L2 eviction hints (pass 1
+    evict_last, pass 2 evict_first; 0 gives plain loads, kept for measurement).
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
     (see _common.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
@@ -33,8 +35,8 @@ def _softmax_online_fwd_kernel(
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
     num_tiles = tl.cdiv(N, BLOCK)
-    m, s = tiles_max_sum(x_row, stride_x_col, scale, 0, N, BLOCK, num_tiles)
-    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, 0, N, LOG, ZERO_MASKED, BLOCK, num_tiles)
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, 0, N, BLOCK, num_tiles, HINTS)
+    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, 0, N, LOG, ZERO_MASKED, BLOCK, num_tiles, HINTS)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -44,17 +46,19 @@ def _softmax_online_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
-    dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*.
+    dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS as in the forward.
     """
     row = tl.program_id(0)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
     num_tiles = tl.cdiv(N, BLOCK)
-    red = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, 0, N, LOG, BLOCK, num_tiles)
-    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, 0, N, LOG, BLOCK, num_tiles)
+    red = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, 0, N, LOG, BLOCK, num_tiles, HINTS)
+    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, 0, N, LOG, BLOCK, num_tiles,
+                     HINTS)
 
 
 FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)

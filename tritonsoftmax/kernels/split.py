@@ -45,18 +45,20 @@ def _softmax_split_stats_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
     x_ptr, scale, strides: as in the fused kernel; y_ptr, LOG, ZERO_MASKED, BLOCK_G: unused here
     (one signature and config for both passes). ws_ptr: float32 workspace; ws[2p] = the chunk's
     max m, ws[2p + 1] = sum exp(z - m) over the chunk (_common.online_update's invariant: an all -inf
-    chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk.
+    chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk. HINTS: L2
+    eviction hints (this pass evict_last, pass 2 evict_first; 0 gives plain loads).
     """
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
-    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, BLOCK, TILES)
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, BLOCK, TILES, HINTS)
     tl.store(ws_ptr + 2 * pid, m)
     tl.store(ws_ptr + 2 * pid + 1, s)
 
@@ -69,6 +71,7 @@ def _softmax_split_write_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
@@ -82,7 +85,7 @@ def _softmax_split_write_kernel(
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
     tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, LOG, ZERO_MASKED,
-                BLOCK, TILES)
+                BLOCK, TILES, HINTS)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -92,6 +95,7 @@ def _softmax_split_bwd_partial_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
 
@@ -101,7 +105,7 @@ def _softmax_split_bwd_partial_kernel(
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
-    part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, LOG, BLOCK, TILES)
+    part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, LOG, BLOCK, TILES, HINTS)
     tl.store(ws_ptr + pid, part)
 
 
@@ -112,6 +116,7 @@ def _softmax_split_bwd_write_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
+    HINTS: tl.constexpr = 1,
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
     pid = tl.program_id(0)
@@ -121,7 +126,7 @@ def _softmax_split_bwd_write_kernel(
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
     tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, LOG,
-                     BLOCK, TILES)
+                     BLOCK, TILES, HINTS)
 
 
 def _shape_config(device: DeviceInfo, M: int, N: int, block: int, num_warps: int) -> LaunchConfig:
