@@ -11,7 +11,9 @@ import torch
 from tritonsoftmax import dispatch, tuning
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import DeviceInfo
-from tritonsoftmax.kernels import FAMILY_NAMES, family
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, online, split
+from tritonsoftmax.kernels._common import PreparedLaunch
+from tritonsoftmax.layout import matrix_problem
 
 REPO = Path(__file__).resolve().parent.parent
 GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072)
@@ -53,10 +55,23 @@ def test_dispatch_on_amd_uses_the_register_file_and_cu_count():
     assert dispatch.choose(300, 65536, torch.bfloat16, GFX942, backward=True).impl == "split"
 
 
-def test_no_nvidia_only_load_store_hints_in_the_kernels():
+def test_nvidia_only_load_hints_stay_behind_hints_and_off_on_amd():
+    """L2 eviction hints live in one helper (_common.load_f32), only under EVICT != 0, and every
+    kernel that can emit them gets HINTS=0 on a HIP device; no cache modifiers anywhere."""
     for path in (REPO / "tritonsoftmax" / "kernels").glob("*.py"):
         source = path.read_text()
-        assert not re.search(r"eviction_policy|cache_modifier|\.cg\b|\.cs\b", source), path.name
+        assert not re.search(r"cache_modifier|\.cg\b|\.cs\b", source), path.name
+        uses = len(re.findall(r"eviction_policy=", source))
+        assert uses == (2 if path.name == "_common.py" else 0), path.name
+    x = torch.randn(4, 64)
+    problem = matrix_problem(x, torch.empty_like(x))
+    hinted = [f for f in (online.FAMILY, online.BWD_FAMILY, coop.FAMILY, coop.BWD_FAMILY, *split.FAMILY.passes,
+                          *split.BWD_FAMILY.passes) if "HINTS" in f.kernel.arg_names]
+    assert len(hinted) == 8
+    for fam in hinted:
+        config = fam.heuristic(GFX942, 4, 64)
+        assert PreparedLaunch(fam, problem, config, GFX942, flags={"LOG": 0}).flags["HINTS"] == 0
+        assert "HINTS" not in PreparedLaunch(fam, problem, config, SM90, flags={"LOG": 0}).flags  # default 1
 
 
 def test_hip_tables_live_under_hip_arch(tmp_path, monkeypatch):

@@ -348,6 +348,8 @@ class PreparedLaunch:
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
         self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED): not tuned, not stored
+        if device.is_hip and "HINTS" in family.kernel.arg_names:
+            self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
         self._runner = None
         self._aligned = None
