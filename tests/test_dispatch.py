@@ -45,8 +45,9 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
 
 @pytest.mark.parametrize("M,N,fp32,bf16_fwd,bf16_bwd", [
     (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "split"),
-    (32, 152064, "coop", "split", "coop"), (1, 131072, "coop", "coop", "coop"), (8, 131072, "coop", "coop", "coop"),
+    (32, 152064, "coop", "coop", "coop"), (1, 131072, "coop", "coop", "coop"), (8, 131072, "coop", "coop", "coop"),
     (4, 1048576, "coop", "coop", "coop"), (8, 1048576, "coop", "split", "coop"),
+    (40, 131072, "coop", "coop", "coop"), (48, 131072, "coop", "split", "coop"),
     (128, 131072, "coop", "split", "coop"), (263, 65536, "coop", "split", "coop"),
     (8, 16384, "fused", "fused", "fused")])
 def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_split(

@@ -34,7 +34,7 @@ FUSED_MANY_ROWS_PROGRAMS_PER_SM = 2
 # 0.03-0.31x the best peer at 1..32 rows of 131072..8M elements.
 FEW_ROWS_PER_SM = 2
 # The coop family keeps a row's chunks in registers while the row's programs wait for each other.
-# Few rows go to it when all their programs fit on the GPU at once (COOP_PROGRAMS_PER_SM programs
+# Few rows go to it when all their programs fit on the GPU at once (COOP_RESIDENT_PER_SM programs
 # of up to COOP_CHUNK elements per SM), and in fp32 whenever a row is read once (H200, session 3,
 # bench/results/h200/sweep-fwd/: 8/16/32x1M coop 2168/2350/2474 GB/s against split's 1965/2132
 # before; 64/128x131072 2250/2749 against 2017/2152; 32x152064 2017 against 1877). 16-bit forward
@@ -47,6 +47,11 @@ FEW_ROWS_PER_SM = 2
 # has been measured on the H200 and never run on AMD.
 COOP_PROGRAMS_PER_SM = 4
 COOP_CHUNK = 8192
+# "All on chip at once" counts what is really resident: the coop forward program (4 warps, one
+# COOP_CHUNK chunk) compiles to 89-96 registers a thread on the H200, so 5 fit an SM. With 4, 16-bit
+# 32x152064 went to split: 1302/1328 GB/s (bf16/fp16) against coop's 1473/1502 in the same run
+# (bench/results/h200/peers/, session 5; probe8: 1330 against 1441).
+COOP_RESIDENT_PER_SM = 5
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -80,7 +85,7 @@ def coop_single_read(s: Shape) -> bool:
 
 def coop_fits_at_once(s: Shape) -> bool:
     """Every program of every row can be resident at the same time (one wave, single read)."""
-    return coop_single_read(s) and s.M * s.N <= s.device.sm_count * COOP_PROGRAMS_PER_SM * COOP_CHUNK
+    return coop_single_read(s) and s.M * s.N <= s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
 
 
 @dataclass(frozen=True)
