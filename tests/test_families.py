@@ -243,3 +243,38 @@ def test_clear_caches_releases_the_coop_buffers():
     assert coop._scratch
     tritonsoftmax.clear_caches()
     assert not coop._scratch
+
+
+HINTED = [("online", LaunchConfig.make(2, BLOCK=32)), ("split", LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4)),
+          ("coop", LaunchConfig.make(2, BLOCK=16, TILES=2, BLOCK_G=4))]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("impl,config", HINTED, ids=[k for k, _ in HINTED])
+def test_l2_eviction_hints_change_no_result(impl, config, backward):
+    """HINTS=1 (the default: evict_last on the first read, evict_first on the last) and HINTS=0
+    (plain loads, what AMD gets) run the same arithmetic."""
+    from tritonsoftmax.device import device_info
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    x = random_input((5, 100), torch.float32, DEVICE, seed=5)
+    y = torch.softmax(x.double(), -1).float()
+    outs = []
+    for hints in (0, 1):
+        out = poisoned_like(x)
+        if backward:
+            fam = backward_family(impl)
+            fam.prepare(matrix_problem(x, out), config, device_info(x.device),
+                        flags={"LOG": 0, "HINTS": hints})(x, out, y, 1.0)
+        else:
+            fam = family(impl)
+            fam.prepare(matrix_problem(x, out), config, device_info(x.device),
+                        flags={"LOG": 0, "ZERO_MASKED": 0, "HINTS": hints})(x, out, 1.0)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    if backward:
+        ref = (y.double() * (x.double() - (x.double() * y.double()).sum(-1, keepdim=True))).float()
+        torch.testing.assert_close(outs[1], ref, rtol=1e-5, atol=1e-6)
+    else:
+        assert_softmax_close(outs[1], x)
