@@ -7,7 +7,7 @@ import triton.language as tl
 
 from . import _common
 from ._common import Family, row_offsets, tiles_grad_sum, tiles_grad_write, tiles_max_sum, tiles_write
-from .tile import _configs, _grid, _heuristic  # same search space: BLOCK x num_warps x stages
+from .tile import _configs, _grid, _heuristic  # same search space: BLOCK x num_warps
 
 IMPL = "online"
 

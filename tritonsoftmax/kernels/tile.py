@@ -62,9 +62,11 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     for block in BLOCKS:
         if block > max(BLOCKS[0], next_power_of_2(N)) or (block == BLOCKS[0] and N > BLOCKS[0]):
             continue
+        # No num_stages variants: a bare `range` loop is never software-pipelined, whatever the
+        # launch's num_stages (same PTX for 1..3 with triton 3.9; same speed on the H200 with 3.6,
+        # bench/NOTES.md, session 5), so they only doubled the tuning time.
         for nw in _common.warp_choices(device, block):
-            for stages in (1, 2):
-                out.append(LaunchConfig.make(nw, stages, BLOCK=block))
+            out.append(LaunchConfig.make(nw, BLOCK=block))
     return _common.with_backend_options(device, out)
 
 
