@@ -69,7 +69,8 @@ def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
 
 @triton.jit
 def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
-    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale``."""
+    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale``
+    (EVICT as in load_f32)."""
     return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
 
 
@@ -193,6 +194,13 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr
     m = tl.max(m_g, axis=0)
     s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m)), axis=0)
     return m, s
+
+
+@triton.jit
+def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr):
+    """The backward's row sum from G partial sums at parts_ptr[g] (VOLATILE as in combine_partials)."""
+    gs = tl.arange(0, BLOCK_G)
+    return tl.sum(tl.load(parts_ptr + gs, mask=gs < G, other=0.0, volatile=VOLATILE), axis=0)
 
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself

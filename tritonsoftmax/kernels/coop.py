@@ -42,8 +42,10 @@ from ._common import (
     finish,
     grad_input,
     grad_term,
+    load_f32,
     load_scaled,
     row_offsets,
+    sum_partials,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -167,8 +169,8 @@ def _softmax_coop_bwd_kernel(
     offs = tl.arange(0, BLOCK)
     if TILES == 1:
         mask = first + offs < N
-        dy = tl.load(dy_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + g_row + (first + offs) * stride_g_col, mask=mask, other=0.0).to(tl.float32)
+        dy = load_f32(dy_ptr + g_row + (first + offs) * stride_g_col, mask)
+        y = load_f32(y_ptr + g_row + (first + offs) * stride_g_col, mask)
         part = tl.sum(grad_term(dy, y, LOG), axis=0)
     else:
         part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG, BLOCK, TILES, HINTS)
@@ -177,8 +179,7 @@ def _softmax_coop_bwd_kernel(
     if PHASE == 0:
         row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
-        gs = tl.arange(0, BLOCK_G)
-        red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0, volatile=True), axis=0)
+        red = sum_partials(ws_ptr + row * G, G, BLOCK_G, True)
         d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
         if TILES == 1:
             dx = grad_input(dy, y, red, scale, LOG)

@@ -9,7 +9,7 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import _common
-from ._common import Family, finish, grad_input, grad_term, load_scaled, row_offsets
+from ._common import Family, finish, grad_input, grad_term, load_f32, load_scaled, row_offsets
 
 IMPL = "fused"
 TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
@@ -89,8 +89,8 @@ def _softmax_fused_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     g_off = row_offsets(rows, INNER, stride_g_outer, stride_g_inner)[:, None] + (cols * stride_g_col)[None, :]
-    dy = tl.load(dy_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    dy = load_f32(dy_ptr + g_off, mask)
+    y = load_f32(y_ptr + g_off, mask)
     red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
     dx = grad_input(dy, y, red, scale, LOG)
     d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]

@@ -25,6 +25,7 @@ from ._common import (
     chunks,
     combine_partials,
     row_offsets,
+    sum_partials,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -121,8 +122,7 @@ def _softmax_split_bwd_write_kernel(
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    gs = tl.arange(0, BLOCK_G)
-    red = tl.sum(tl.load(ws_ptr + row * G + gs, mask=gs < G, other=0.0), axis=0)
+    red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
     g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
     d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
     tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, LOG,
