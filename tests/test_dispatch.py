@@ -25,16 +25,19 @@ def test_fused_capacity_follows_register_file():
     assert dispatch.fused_capacity(GFX1201) == 16384
 
 
-@pytest.mark.parametrize("N,forward,backward32,backward16", [
-    (1, "fused", "fused", "fused"), (2048, "fused", "fused", "fused"), (16384, "fused", "fused", "fused"),
-    (16385, "fused", "coop", "fused"), (32768, "fused", "coop", "fused"), (32769, "coop", "coop", "coop"),
-    (262144, "coop", "coop", "coop"), (2**20, "coop", "coop", "coop"), (2**20 + 1, "online", "online", "online"),
-    (132 * 8192, "online", "online", "online"), (8388608, "online", "online", "online")])
-def test_rule_table_on_h200(N, forward, backward32, backward16):
+@pytest.mark.parametrize("N,forward32,forward16,backward32,backward16", [
+    (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
+    (16384, "fused", "fused", "fused", "fused"), (16385, "fused", "fused", "coop", "fused"),
+    (32768, "fused", "fused", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
+    (65536, "coop", "online", "coop", "coop"), (65537, "coop", "coop", "coop", "coop"),
+    (262144, "coop", "coop", "coop", "coop"), (2**20, "coop", "coop", "coop", "coop"),
+    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "online", "online", "online", "online"),
+    (8388608, "online", "online", "online", "online")])
+def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert dispatch.choose(4096, N, dtype, SM90).impl == forward
-        expected = backward32 if dtype == torch.float32 else backward16
-        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == expected
+        wide = dtype == torch.float32
+        assert dispatch.choose(4096, N, dtype, SM90).impl == (forward32 if wide else forward16)
+        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == (backward32 if wide else backward16)
 
 
 def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
@@ -56,7 +59,8 @@ def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_
         assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
         assert dispatch.choose(M, N, torch.bfloat16, SM90, backward).impl == bf16
         assert dispatch.choose(M, N, torch.float16, SM90, backward).impl == bf16
-    assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
+    assert dispatch.choose(264, 131072, torch.bfloat16, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
+    assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "online", "many 16-bit rows of 64K"
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)

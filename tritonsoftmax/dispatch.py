@@ -52,6 +52,13 @@ COOP_CHUNK = 8192
 # 32x152064 went to split: 1302/1328 GB/s (bf16/fp16) against coop's 1473/1502 in the same run
 # (bench/results/h200/peers/, session 5; probe8: 1330 against 1441).
 COOP_RESIDENT_PER_SM = 5
+# Many 16-bit rows of up to 64K elements (forward) run faster through online than through coop:
+# online's second read, marked evict_last by its first, mostly comes from L2, while a coop chunk
+# of 16-bit values holds half an fp32 chunk's bytes for the same waiting. H200, session 6
+# (bench/NOTES.md, coop-probe/probe12): bf16 512/1024/4096x65536 online 2507/2782/3107 GB/s
+# against coop 2331/2615/2867, fp16 2473/2740/3086 against 2310/2572/2866; at 131072 coop is
+# level or ahead (bf16 1024x131072 2726 against 2634, 4096x131072 2825 against 2886).
+ONLINE_16BIT_MAX_N = 65536
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -106,6 +113,9 @@ RULES: tuple[Rule, ...] = (
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
+    Rule("online", "many 16-bit rows of up to 64K (forward): the second read mostly hits L2, ahead of coop",
+         lambda s: s.dtype.itemsize <= 2 and not s.backward and not few_rows(s)
+         and n_bucket(s.N) <= ONLINE_16BIT_MAX_N),
     Rule("coop", "many long rows: one cooperative launch, each element read once",
          coop_single_read),
     Rule("online", "many long rows: one (max, sum) pass and one write pass, two reads per element",
