@@ -49,6 +49,50 @@ def row_offsets(rows, INNER, stride_outer, stride_inner):
     return outer * stride_outer + inner * stride_inner
 
 
+@triton.jit
+def row_window(start, N, ALIGN: tl.constexpr):
+    """A row of N elements at element offset ``start`` (from a 16-byte aligned base; scalars or
+    tensors, elementwise) seen as a window of ALIGN-element groups that begins at the group holding
+    its first element: window position p is element ``base + p``.
+
+    Returns (base, shift, lo, hi, tail, end): base = start rounded down to a multiple of ALIGN
+    (declared so, which lets loads be 16 bytes wide); the row is positions shift .. end - 1; the
+    groups wholly inside it are positions lo .. hi - 1 (body_mask); a row that starts inside a
+    group has its head in positions shift .. min(lo, end) - 1 of group 0 (head_mask); one that
+    ends inside a group has its tail in the group at position ``tail`` (tail_mask). Body, head and
+    tail never overlap and cover the row; the body lies in the first cdiv(N, W) * W positions for
+    any width W that is a multiple of ALIGN.
+    """
+    shift = start % ALIGN
+    base = tl.multiple_of(start - shift, ALIGN)
+    end = shift + N
+    lo = tl.where(shift > 0, ALIGN, 0)
+    hi = (end // ALIGN) * ALIGN
+    return base, shift, lo, hi, tl.maximum(hi, lo), end
+
+
+@triton.jit
+def body_mask(pos, lo, hi, ALIGN: tl.constexpr):
+    """Window positions ``pos`` in whole groups of the row (row_window's lo .. hi): a mask constant
+    over each ALIGN-element group, so a masked load of them stays 16 bytes wide."""
+    group = (pos // ALIGN) * ALIGN
+    return (group >= lo) & (group < hi)
+
+
+@triton.jit
+def head_mask(lane, shift, lo, end):
+    """Lanes 0 .. ALIGN - 1 of group 0 that hold the row's first elements (empty when the row
+    starts on a group boundary)."""
+    return (lane >= shift) & (lane < tl.minimum(lo, end))
+
+
+@triton.jit
+def tail_mask(lane, tail, end):
+    """Lanes of the group at window position ``tail`` that hold the row's last elements (empty
+    when the row ends on a group boundary)."""
+    return tail + lane < end
+
+
 KEEP = tl.constexpr(1)  # EVICT: a read whose data a later pass reads again (evict_last)
 DROP = tl.constexpr(2)  # EVICT: the last read of the data (evict_first)
 
@@ -116,11 +160,37 @@ def online_update(m, s, z):
     return m_new, s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), axis=0)
 
 
-# The tile loops of the kernels that walk a row (online) or a chunk of it (split, coop) in BLOCK-wide
-# tiles: TILES tiles from column ``first``; row pointers/offsets and column strides as each kernel has them.
+@triton.jit
+def row_bases(row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, N, ALIGN: tl.constexpr):
+    """Where a row's window starts in x and y, and its row_window bounds:
+    (x base, y base, shift, lo, hi, tail, end). ALIGN == 1: the row's own offsets, the plain
+    path (shift, lo, tail, end unused; tile_mask is cols < N). ALIGN > 1: x and y share one
+    layout (row_align), both bases are the aligned window start."""
+    start = row_offsets(row, INNER, stride_x_outer, stride_x_inner)
+    if ALIGN == 1:
+        return start, row_offsets(row, INNER, stride_y_outer, stride_y_inner), 0, 0, N, N, N
+    else:
+        base, shift, lo, hi, tail, end = row_window(start, N, ALIGN)
+        return base, base, shift, lo, hi, tail, end
+
 
 @triton.jit
-def tiles_max_sum(x_row, stride_col, scale, first, N, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
+def tile_mask(cols, N, lo, hi, ALIGN: tl.constexpr):
+    """The lanes of a tile at window positions ``cols`` to load: cols < N on the plain path, the
+    row's whole groups (body_mask) on the realigned one."""
+    if ALIGN == 1:
+        return cols < N
+    else:
+        return body_mask(cols, lo, hi, ALIGN)
+
+
+# The tile loops of the kernels that walk a row (online) or a chunk of it (split, coop) in BLOCK-wide
+# tiles: TILES tiles from window position ``first``; row pointers (x_row, y_row: row_bases) and column
+# strides as each kernel has them; N, lo, hi, ALIGN as tile_mask takes them.
+
+@triton.jit
+def tiles_max_sum(x_row, stride_col, scale, first, N, lo, hi, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr,
+                  ALIGN: tl.constexpr):
     """(max m, sum exp(z - m)) over the tiles, folded with online_update (an all -inf stretch gives
     m = -inf, s = 0). HINTS: mark the tiles to be kept in L2 for the write pass."""
     offs = tl.arange(0, BLOCK)
@@ -128,21 +198,51 @@ def tiles_max_sum(x_row, stride_col, scale, first, N, BLOCK: tl.constexpr, TILES
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for t in range(0, TILES):
         cols = first + t * BLOCK + offs
-        m, s = online_update(m, s, load_scaled(x_row + cols * stride_col, cols < N, scale, KEEP * HINTS))
+        z = load_scaled(x_row + cols * stride_col, tile_mask(cols, N, lo, hi, ALIGN), scale, KEEP * HINTS)
+        m, s = online_update(m, s, z)
     return m, s
 
 
 @triton.jit
-def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N, LOG: tl.constexpr,
-                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
+def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N, lo, hi, LOG: tl.constexpr,
+                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """The output over the tiles from the row's (m, s), last tile first (the tiles read last are
     the likeliest still in cache); HINTS: this last read lets them go."""
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs
-        mask = cols < N
+        mask = tile_mask(cols, N, lo, hi, ALIGN)
         y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale, DROP * HINTS), m, s, LOG, ZERO_MASKED)
         tl.store(y_row + cols * stride_y_col, y.to(y_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def owned(flag, mask):
+    """``mask`` where the scalar ``flag`` holds, else all False (a select: the interpreter rejects
+    the mask that ``flag & mask`` gives)."""
+    return tl.where(flag, mask, False)
+
+
+@triton.jit
+def edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, HEAD, TAIL, ALIGN: tl.constexpr):
+    """Fold a realigned row's partial end groups (row_window) into (m, s): the head if HEAD, the
+    tail if TAIL (the programs that own them)."""
+    lane = tl.arange(0, ALIGN)
+    m, s = online_update(m, s, load_scaled(x_row + lane, owned(HEAD, head_mask(lane, shift, lo, end)), scale))
+    return online_update(m, s, load_scaled(x_row + tail + lane, owned(TAIL, tail_mask(lane, tail, end)), scale))
+
+
+@triton.jit
+def edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, HEAD, TAIL, LOG: tl.constexpr,
+                ZERO_MASKED: tl.constexpr, ALIGN: tl.constexpr):
+    """The output of a realigned row's partial end groups (as edges_max_sum) from the row's (m, s)."""
+    lane = tl.arange(0, ALIGN)
+    mask = owned(HEAD, head_mask(lane, shift, lo, end))
+    y = finish(load_scaled(x_row + lane, mask, scale), m, s, LOG, ZERO_MASKED)
+    tl.store(y_row + lane, y.to(y_row.dtype.element_ty), mask=mask)
+    mask = owned(TAIL, tail_mask(lane, tail, end))
+    y = finish(load_scaled(x_row + tail + lane, mask, scale), m, s, LOG, ZERO_MASKED)
+    tl.store(y_row + tail + lane, y.to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -338,6 +438,23 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
     return args, (bits & 15) == 0
 
 
+ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
+ALIGN_MIN_N = 64  # shorter rows keep plain masked loads (a row of a few groups gains little)
+
+
+def row_align(problem: RowProblem, *element_sizes: int) -> int:
+    """ALIGN for the kernels that take it: the elements in ALIGN_BYTES of the narrowest dtype when
+    rows can start off a 16-byte boundary (a row stride that is not a multiple of it) and the kernel
+    can realign them (unit column stride, input and output in one layout, rows of at least
+    ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
+    pointers for speed only: with others it is still exact, just not vectorised."""
+    vec = ALIGN_BYTES // min(element_sizes)
+    x = problem.x
+    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N or (x.outer % vec == 0 and x.inner % vec == 0):
+        return 1
+    return vec
+
+
 class PreparedLaunch:
     """One family on one RowProblem, ready to start again and again with new tensors.
 
@@ -385,6 +502,8 @@ class PreparedLaunch:
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
+        if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
+            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
         if self.config is None:
             return self._autotune(x, y, extra)
         try:

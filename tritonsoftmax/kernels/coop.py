@@ -39,13 +39,20 @@ from ._common import (
     chunk_grid,
     chunks,
     combine_partials,
+    edges_max_sum,
+    edges_write,
     finish,
     grad_input,
     grad_term,
+    head_mask,
     load_f32,
     load_scaled,
+    owned,
+    row_bases,
     row_offsets,
     sum_partials,
+    tail_mask,
+    tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -97,7 +104,7 @@ def _softmax_coop_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -108,22 +115,42 @@ def _softmax_coop_fwd_kernel(
     BLOCK: tile width; TILES: tiles per chunk (1: the chunk stays in registers, one read, its
     exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
     cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
-    hints on the two reads when TILES > 1 (0 gives plain loads).
+    hints on the two reads when TILES > 1 (0 gives plain loads). ALIGN: as in the fused kernel;
+    chunks are cut from the realigned row's window (_common.row_window), chunk 0 also takes the
+    head group and chunk G - 1 the tail group.
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
-    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
+    x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
+                                                         stride_y_outer, stride_y_inner, N, ALIGN)
+    x_row = x_ptr + x_base
     offs = tl.arange(0, BLOCK)
+    lane = tl.arange(0, ALIGN)
+    mask_h = owned(chunk == 0, head_mask(lane, shift, lo, end))  # used only when ALIGN > 1
+    mask_t = owned(chunk == G - 1, tail_mask(lane, tail, end))
     if TILES == 1:
-        z = load_scaled(x_row + (first + offs) * stride_x_col, first + offs < N, scale)
-        m = tl.max(z, axis=0)
-        e = tl.exp(z - tl.where(m == NEG_INF, 0.0, m))
+        mask = tile_mask(first + offs, N, lo, hi, ALIGN)
+        z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
+        if ALIGN == 1:
+            m = tl.max(z, axis=0)
+        else:
+            z_h = load_scaled(x_row + lane, mask_h, scale)
+            z_t = load_scaled(x_row + tail + lane, mask_t, scale)
+            m = tl.maximum(tl.max(z, axis=0), tl.maximum(tl.max(z_h, axis=0), tl.max(z_t, axis=0)))
+        m_ref = tl.where(m == NEG_INF, 0.0, m)
+        e = tl.exp(z - m_ref)
         s = tl.sum(e, axis=0)
+        if ALIGN > 1:
+            e_h = tl.exp(z_h - m_ref)
+            e_t = tl.exp(z_t - m_ref)
+            s += tl.sum(e_h, axis=0) + tl.sum(e_t, axis=0)
     else:
-        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, BLOCK, TILES, HINTS)
+        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
+        if ALIGN > 1:
+            m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     if PHASE != 2:
         tl.store(ws_ptr + 2 * ticket, m)
         tl.store(ws_ptr + 2 * ticket + 1, s)
@@ -131,7 +158,7 @@ def _softmax_coop_fwd_kernel(
         row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
         m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, True)
-        y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
+        y_row = y_ptr + y_base
         if TILES == 1:
             if LOG:
                 y = finish(z, m_r, s_r, LOG, ZERO_MASKED)
@@ -139,10 +166,25 @@ def _softmax_coop_fwd_kernel(
                 y = e * (tl.exp(m - m_r) / s_r)
                 if ZERO_MASKED:
                     y = tl.where(m_r == NEG_INF, 0.0, y)
-            tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=first + offs < N)
+            tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+            if ALIGN > 1:
+                if LOG:
+                    y_h = finish(z_h, m_r, s_r, LOG, ZERO_MASKED)
+                    y_t = finish(z_t, m_r, s_r, LOG, ZERO_MASKED)
+                else:
+                    y_h = e_h * (tl.exp(m - m_r) / s_r)
+                    y_t = e_t * (tl.exp(m - m_r) / s_r)
+                    if ZERO_MASKED:
+                        y_h = tl.where(m_r == NEG_INF, 0.0, y_h)
+                        y_t = tl.where(m_r == NEG_INF, 0.0, y_t)
+                tl.store(y_row + lane, y_h.to(y_ptr.dtype.element_ty), mask=mask_h)
+                tl.store(y_row + tail + lane, y_t.to(y_ptr.dtype.element_ty), mask=mask_t)
         else:
-            tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, LOG, ZERO_MASKED,
-                        BLOCK, TILES, HINTS)
+            if ALIGN > 1:
+                edges_write(x_row, y_row, scale, m_r, s_r, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
+                            ZERO_MASKED, ALIGN)
+            tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, lo, hi, LOG,
+                        ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -9,7 +9,19 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import _common
-from ._common import Family, finish, grad_input, grad_term, load_f32, load_scaled, row_offsets
+from ._common import (
+    Family,
+    body_mask,
+    finish,
+    grad_input,
+    grad_term,
+    head_mask,
+    load_f32,
+    load_scaled,
+    row_offsets,
+    row_window,
+    tail_mask,
+)
 
 IMPL = "fused"
 TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
@@ -25,18 +37,41 @@ def _fused_fwd_tile(
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     rows = tile * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    x_off = row_offsets(rows, INNER, stride_x_outer, stride_x_inner)[:, None] + (cols * stride_x_col)[None, :]
-    z = load_scaled(x_ptr + x_off, mask, scale)
-    m = tl.max(z, axis=1)[:, None]
-    s = tl.sum(tl.exp(z - m), axis=1)[:, None]
-    y = finish(z, m, s, LOG, ZERO_MASKED)
-    y_off = row_offsets(rows, INNER, stride_y_outer, stride_y_inner)[:, None] + (cols * stride_y_col)[None, :]
-    tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if ALIGN == 1:
+        cols = tl.arange(0, BLOCK_N)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        x_off = row_offsets(rows, INNER, stride_x_outer, stride_x_inner)[:, None] + (cols * stride_x_col)[None, :]
+        z = load_scaled(x_ptr + x_off, mask, scale)
+        m = tl.max(z, axis=1)[:, None]
+        s = tl.sum(tl.exp(z - m), axis=1)[:, None]
+        y = finish(z, m, s, LOG, ZERO_MASKED)
+        y_off = row_offsets(rows, INNER, stride_y_outer, stride_y_inner)[:, None] + (cols * stride_y_col)[None, :]
+        tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Rows off a 16-byte boundary: the body in whole ALIGN-element groups, the partial groups
+        # at either end apart (x and y share one layout, unit column stride: see row_align).
+        base, shift, lo, hi, tail, end = row_window(row_offsets(rows, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
+        pos = tl.arange(0, BLOCK_N)[None, :]
+        lane = tl.arange(0, ALIGN)[None, :]
+        ok = (rows < M)[:, None]
+        mask_b = ok & body_mask(pos, lo[:, None], hi[:, None], ALIGN)
+        mask_h = ok & head_mask(lane, shift[:, None], lo[:, None], end[:, None])
+        mask_t = ok & tail_mask(lane, tail[:, None], end[:, None])
+        off_b = base[:, None] + pos
+        off_h = base[:, None] + lane
+        off_t = off_h + tail[:, None]
+        z = load_scaled(x_ptr + off_b, mask_b, scale)
+        z_h = load_scaled(x_ptr + off_h, mask_h, scale)
+        z_t = load_scaled(x_ptr + off_t, mask_t, scale)
+        m = tl.maximum(tl.max(z, axis=1), tl.maximum(tl.max(z_h, axis=1), tl.max(z_t, axis=1)))[:, None]
+        s = (tl.sum(tl.exp(z - m), axis=1) + tl.sum(tl.exp(z_h - m), axis=1) + tl.sum(tl.exp(z_t - m), axis=1))[:, None]
+        tl.store(y_ptr + off_b, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+        tl.store(y_ptr + off_h, finish(z_h, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_h)
+        tl.store(y_ptr + off_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -46,7 +81,7 @@ def _softmax_fused_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0,
+    STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile.
 
@@ -57,16 +92,19 @@ def _softmax_fused_fwd_kernel(
     STAGES > 1: persistent programs (PER_SM an SM: a launch-grid setting the kernel does not
     read) loop over the tiles with Triton's software pipelining, STAGES - 1 tiles' loads in
     flight through shared memory while one is computed; STAGES == 1: one tile a program.
-    Masked lanes are -inf, so they add exp(-inf - m) = 0 to a valid row's sum.
+    Masked lanes are -inf, so they add exp(-inf - m) = 0 to a valid row's sum. ALIGN: 1, or the
+    elements in 16 bytes when rows start off a 16-byte boundary (set by PreparedLaunch from
+    _common.row_align): each row is then read and written as whole aligned groups plus its two
+    partial end groups (_common.row_window), so the loads stay 16 bytes wide.
     """
     pid = tl.program_id(0)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS)
+                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS)
+                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -6,7 +6,17 @@ import triton
 import triton.language as tl
 
 from . import _common
-from ._common import Family, row_offsets, tiles_grad_sum, tiles_grad_write, tiles_max_sum, tiles_write
+from ._common import (
+    Family,
+    edges_max_sum,
+    edges_write,
+    row_bases,
+    row_offsets,
+    tiles_grad_sum,
+    tiles_grad_write,
+    tiles_max_sum,
+    tiles_write,
+)
 from .tile import _configs, _grid, _heuristic  # same search space: BLOCK x num_warps
 
 IMPL = "online"
@@ -19,24 +29,31 @@ def _softmax_online_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
     reverse write pass.
 
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
     N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width. HINTS: L2 eviction hints (pass 1
-    evict_last, pass 2 evict_first; 0 gives plain loads, kept for measurement).
+    evict_last, pass 2 evict_first; 0 gives plain loads, kept for measurement). ALIGN: as in the
+    fused kernel (rows off a 16-byte boundary walked as whole aligned groups, _common.row_window).
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
     (see _common.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
     """
     row = tl.program_id(0)
-    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
-    y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
+    x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
+                                                         stride_y_outer, stride_y_inner, N, ALIGN)
+    x_row = x_ptr + x_base
+    y_row = y_ptr + y_base
     num_tiles = tl.cdiv(N, BLOCK)
-    m, s = tiles_max_sum(x_row, stride_x_col, scale, 0, N, BLOCK, num_tiles, HINTS)
-    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, 0, N, LOG, ZERO_MASKED, BLOCK, num_tiles, HINTS)
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, 0, N, lo, hi, BLOCK, num_tiles, HINTS, ALIGN)
+    if ALIGN > 1:
+        m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, True, True, ALIGN)
+        edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, True, True, LOG, ZERO_MASKED, ALIGN)
+    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, 0, N, lo, hi, LOG, ZERO_MASKED, BLOCK,
+                num_tiles, HINTS, ALIGN)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -24,6 +24,9 @@ from ._common import (
     chunk_of,
     chunks,
     combine_partials,
+    edges_max_sum,
+    edges_write,
+    row_bases,
     row_offsets,
     sum_partials,
     tiles_grad_sum,
@@ -46,7 +49,7 @@ def _softmax_split_stats_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
@@ -54,12 +57,18 @@ def _softmax_split_stats_kernel(
     (one signature and config for both passes). ws_ptr: float32 workspace; ws[2p] = the chunk's
     max m, ws[2p + 1] = sum exp(z - m) over the chunk (_common.online_update's invariant: an all -inf
     chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk. HINTS: L2
-    eviction hints (this pass evict_last, pass 2 evict_first; 0 gives plain loads).
+    eviction hints (this pass evict_last, pass 2 evict_first; 0 gives plain loads). ALIGN: as in
+    the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
+    also takes the head group and chunk G - 1 the tail group.
     """
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
-    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, BLOCK, TILES, HINTS)
+    x_base, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
+                                                    stride_y_outer, stride_y_inner, N, ALIGN)
+    x_row = x_ptr + x_base
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
+    if ALIGN > 1:  # chunk 0 owns the row's head group, chunk G - 1 its tail group
+        m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, ALIGN)
     tl.store(ws_ptr + 2 * pid, m)
     tl.store(ws_ptr + 2 * pid + 1, s)
 
@@ -72,7 +81,7 @@ def _softmax_split_write_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
@@ -83,10 +92,14 @@ def _softmax_split_write_kernel(
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
-    x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
-    y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
-    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, LOG, ZERO_MASKED,
-                BLOCK, TILES, HINTS)
+    x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
+                                                         stride_y_outer, stride_y_inner, N, ALIGN)
+    x_row = x_ptr + x_base
+    y_row = y_ptr + y_base
+    if ALIGN > 1:
+        edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, LOG, ZERO_MASKED, ALIGN)
+    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, lo, hi, LOG,
+                ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -1,0 +1,86 @@
+"""Rows that start off a 16-byte boundary (a row length that is not a multiple of 16 bytes): the
+forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule that turns it on."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from softmax_ref import assert_softmax_close, poisoned_like, random_input
+
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import device_info
+from tritonsoftmax.kernels import _common, family
+from tritonsoftmax.layout import RowProblem, RowStrides, matrix_problem
+
+REALIGNED = [
+    ("fused", LaunchConfig.make(2, BLOCK_N=256, ROWS=2)),
+    ("fused", LaunchConfig.make(1, BLOCK_N=256, ROWS=1)),
+    ("online", LaunchConfig.make(2, BLOCK=32)),
+    ("split", LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4)),
+    ("split", LaunchConfig.make(1, BLOCK=64, TILES=1, BLOCK_G=4)),
+    ("coop", LaunchConfig.make(2, BLOCK=64, TILES=1, BLOCK_G=4)),
+    ("coop", LaunchConfig.make(2, BLOCK=16, TILES=2, BLOCK_G=16)),
+]
+IDS = [f"{name}-{'-'.join(f'{k}{v}' for k, v in c.meta)}" for name, c in REALIGNED]
+
+
+def _problem(N: int, x_outer: int, y_outer: int | None = None, col: int = 1) -> RowProblem:
+    return RowProblem(4, N, 1, RowStrides(x_outer, 0, col), RowStrides(y_outer or x_outer, 0, col))
+
+
+def test_row_align_turns_on_for_rows_off_16_bytes_only():
+    assert _common.row_align(_problem(203, 203), 4, 4) == 4
+    assert _common.row_align(_problem(203, 203), 2, 2) == 8
+    assert _common.row_align(_problem(203, 203), 2, 4) == 8, "the narrower dtype sets the group"
+    assert _common.row_align(_problem(204, 204), 4, 4) == 1, "204 fp32 = 816 bytes: every row is aligned"
+    assert _common.row_align(_problem(204, 204), 2, 2) == 8, "204 fp16 = 408 bytes: not a multiple of 16"
+    assert _common.row_align(_problem(203, 208), 4, 4) == 1, "a padded row stride keeps rows aligned"
+    assert _common.row_align(_problem(203, 203, 204), 4, 4) == 1, "x and y in different layouts"
+    assert _common.row_align(_problem(203, 203, col=2), 4, 4) == 1, "strided columns"
+    assert _common.row_align(_problem(_common.ALIGN_MIN_N - 1, _common.ALIGN_MIN_N - 1), 4, 4) == 1
+
+
+@pytest.mark.parametrize("N", [7, 203, 250])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("impl,config", REALIGNED, ids=IDS)
+def test_realigned_path_matches_reference(impl, config, dtype, N):
+    """Every row of an odd-length matrix starts at a different offset within its 16-byte group;
+    N = 250 puts some rows' tail group past the 256-wide window, N = 7 has rows that start and
+    end inside one group. The plain path (ALIGN = 1) and the realigned one both match float64."""
+    x = random_input((9, N), dtype, DEVICE, seed=N)
+    x[4] = float("-inf")  # an all -inf row: NaN like torch (the zero_masked case is below)
+    vec = 16 // x.element_size()
+    for align in (1, vec):
+        y = poisoned_like(x)
+        fam = family(impl)
+        fam.prepare(matrix_problem(x, y), config, device_info(x.device),
+                    flags={"LOG": 0, "ZERO_MASKED": 0, "ALIGN": align})(x, y, 1.0)
+        assert_softmax_close(y, x)
+
+
+@pytest.mark.parametrize("impl,config", REALIGNED, ids=IDS)
+def test_realigned_path_log_softmax_zero_masked_and_scale(impl, config):
+    x = random_input((6, 203), torch.float32, DEVICE, seed=3)
+    x[2] = float("-inf")
+    y = poisoned_like(x)
+    family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
+                         flags={"LOG": 0, "ZERO_MASKED": 1, "ALIGN": 4})(x, y, 0.5)
+    expect = torch.softmax(x.double() * 0.5, -1)
+    expect[2] = 0.0
+    torch.testing.assert_close(y.double(), expect, rtol=0, atol=2e-6)
+    y = poisoned_like(x)
+    family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
+                         flags={"LOG": 1, "ZERO_MASKED": 0, "ALIGN": 4})(x, y, 0.5)
+    ok = torch.arange(6) != 2
+    torch.testing.assert_close(y[ok].double(), torch.log_softmax(x[ok].double() * 0.5, -1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl,config", REALIGNED[:1] + REALIGNED[2:4], ids=IDS[:1] + IDS[2:4])
+def test_a_launch_of_odd_rows_chooses_the_realigned_path(impl, config):
+    x = random_input((3, 203), torch.float16, DEVICE)
+    y = poisoned_like(x)
+    prepared = family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
+                                    flags={"LOG": 0, "ZERO_MASKED": 0})
+    prepared(x, y, 1.0)
+    launches = getattr(prepared, "_first", prepared), getattr(prepared, "_second", prepared)
+    assert all(p.flags["ALIGN"] == 8 for p in launches)
+    assert_softmax_close(y, x)
