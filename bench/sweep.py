@@ -6,7 +6,8 @@
     python -m bench.sweep --quick                           # a small grid (the default without a GPU)
 
 Plots: ``m4096`` (M = 4096, N = 256 .. 262144), ``few-131072`` and ``few-1m`` (few long rows:
-GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x8192). Lines:
+GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x8192), ``odd``
+(M = 4096, odd N from 1023 to 100003: rows off a 16-byte boundary). Lines:
 tritonsoftmax (auto and each family), a copy of the same bytes, torch.softmax, torch.compile,
 the Triton tutorial kernel, the naive five-op torch version, and Liger-Kernel, FlagGems and
 QuACK when importable (``--peers-site`` or TRITONSOFTMAX_PEERS_SITE). A provider that is missing
@@ -37,6 +38,9 @@ PLOTS = {
     "few-131072": {"x": "M", "shapes": [(m, 131072) for m in (1, 2, 4, 8, 16, 32, 64, 128)], "log": True},
     "few-1m": {"x": "M", "shapes": [(m, 1048576) for m in (1, 2, 4, 8, 16, 32)], "log": True},
     "attention": {"x": "M", "shapes": [(16384, 8192), (65536, 2048)], "log": True},
+    # Row lengths that are not a multiple of 16 bytes (vocabulary sizes among them): rows start off
+    # a 16-byte boundary, where a kernel that does not realign them loses its wide loads.
+    "odd": {"x": "N", "shapes": [(4096, n) for n in (1023, 4097, 12345, 16383, 32767, 50257, 100003)], "log": True},
 }
 QUICK_PLOTS = {
     "m64": {"x": "N", "shapes": [(64, 256), (64, 1024), (64, 4096)], "log": True},

@@ -28,15 +28,16 @@ def _problem(N: int, x_outer: int, y_outer: int | None = None, col: int = 1) -> 
 
 
 def test_row_align_turns_on_for_rows_off_16_bytes_only():
-    assert _common.row_align(_problem(203, 203), 4, 4) == 4
-    assert _common.row_align(_problem(203, 203), 2, 2) == 8
-    assert _common.row_align(_problem(203, 203), 2, 4) == 8, "the narrower dtype sets the group"
-    assert _common.row_align(_problem(204, 204), 4, 4) == 1, "204 fp32 = 816 bytes: every row is aligned"
-    assert _common.row_align(_problem(204, 204), 2, 2) == 8, "204 fp16 = 408 bytes: not a multiple of 16"
-    assert _common.row_align(_problem(203, 208), 4, 4) == 1, "a padded row stride keeps rows aligned"
-    assert _common.row_align(_problem(203, 203, 204), 4, 4) == 1, "x and y in different layouts"
-    assert _common.row_align(_problem(203, 203, col=2), 4, 4) == 1, "strided columns"
-    assert _common.row_align(_problem(_common.ALIGN_MIN_N - 1, _common.ALIGN_MIN_N - 1), 4, 4) == 1
+    assert _common.row_align(_problem(2051, 2051), 4, 4) == 4
+    assert _common.row_align(_problem(2051, 2051), 2, 2) == 8
+    assert _common.row_align(_problem(2051, 2051), 2, 4) == 8, "the narrower dtype sets the group"
+    assert _common.row_align(_problem(2052, 2052), 4, 4) == 1, "2052 fp32 = 8208 bytes: every row is aligned"
+    assert _common.row_align(_problem(2052, 2052), 2, 2) == 8, "2052 fp16 = 4104 bytes: not a multiple of 16"
+    assert _common.row_align(_problem(2051, 2056), 4, 4) == 1, "a padded row stride keeps rows aligned"
+    assert _common.row_align(_problem(2051, 2051, 2052), 4, 4) == 1, "x and y in different layouts"
+    assert _common.row_align(_problem(2051, 2051, col=2), 4, 4) == 1, "strided columns"
+    short = _common.ALIGN_MIN_N - 1
+    assert _common.row_align(_problem(short, short), 4, 4) == 1, "short rows keep the plain path"
 
 
 @pytest.mark.parametrize("N", [7, 203, 250])
@@ -74,13 +75,19 @@ def test_realigned_path_log_softmax_zero_masked_and_scale(impl, config):
     torch.testing.assert_close(y[ok].double(), torch.log_softmax(x[ok].double() * 0.5, -1), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl,config", REALIGNED[:1] + REALIGNED[2:4], ids=IDS[:1] + IDS[2:4])
+CHOSEN = [("fused", LaunchConfig.make(4, BLOCK_N=4096, ROWS=1)), ("online", LaunchConfig.make(4, BLOCK=512)),
+          ("split", LaunchConfig.make(4, BLOCK=256, TILES=2, BLOCK_G=8)),
+          ("coop", LaunchConfig.make(4, BLOCK=512, TILES=1, BLOCK_G=8))]
+
+
+@pytest.mark.parametrize("impl,config", CHOSEN, ids=[name for name, _ in CHOSEN])
 def test_a_launch_of_odd_rows_chooses_the_realigned_path(impl, config):
-    x = random_input((3, 203), torch.float16, DEVICE)
+    x = random_input((3, 2051), torch.float16, DEVICE)
     y = poisoned_like(x)
     prepared = family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
                                     flags={"LOG": 0, "ZERO_MASKED": 0})
     prepared(x, y, 1.0)
-    launches = getattr(prepared, "_first", prepared), getattr(prepared, "_second", prepared)
+    launches = getattr(prepared, "launches", None) or [getattr(prepared, "_first", prepared),
+                                                       getattr(prepared, "_second", prepared)]
     assert all(p.flags["ALIGN"] == 8 for p in launches)
     assert_softmax_close(y, x)

@@ -58,12 +58,11 @@ def row_window(start, N, ALIGN: tl.constexpr):
     Returns (base, shift, lo, hi, tail, end): base = start rounded down to a multiple of ALIGN
     (declared so, which lets loads be 16 bytes wide); the row is positions shift .. end - 1; the
     groups wholly inside it are positions lo .. hi - 1 (body_mask); a row that starts inside a
-    group has its head in positions shift .. min(lo, end) - 1 of group 0 (head_mask); one that
-    ends inside a group has its tail in the group at position ``tail`` (tail_mask). Body, head and
-    tail never overlap and cover the row; the body lies in the first cdiv(N, W) * W positions for
-    any width W that is a multiple of ALIGN.
+    group has its head in group 0, one that ends inside a group its tail in the group at position
+    ``tail`` (edge_lanes). Body, head and tail never overlap and cover the row; the body lies in the
+    first cdiv(N, W) * W positions for any width W that is a multiple of ALIGN. Positions are int32.
     """
-    shift = start % ALIGN
+    shift = (start % ALIGN).to(tl.int32)
     base = tl.multiple_of(start - shift, ALIGN)
     end = shift + N
     lo = tl.where(shift > 0, ALIGN, 0)
@@ -80,17 +79,25 @@ def body_mask(pos, lo, hi, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def head_mask(lane, shift, lo, end):
-    """Lanes 0 .. ALIGN - 1 of group 0 that hold the row's first elements (empty when the row
-    starts on a group boundary)."""
-    return (lane >= shift) & (lane < tl.minimum(lo, end))
+def edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN: tl.constexpr):
+    """Window positions and mask of a row's partial end groups (row_window) as one vector of
+    2 * ALIGN lanes: lanes 0 .. ALIGN - 1 are group 0, holding the head (positions shift ..
+    min(lo, end) - 1) when the row starts inside a group; the other lanes are the group at ``tail``,
+    holding the tail (positions tail .. end - 1) when it ends inside one. HEAD, TAIL: whether this
+    program takes each (scalars). The row arguments broadcast against the lanes (scalars for one
+    row, [R, 1] for R rows)."""
+    lane = tl.arange(0, 2 * ALIGN)
+    in_head = lane < ALIGN
+    pos = tl.where(in_head, lane, tail + lane - ALIGN)
+    head = owned(HEAD, (lane >= shift) & (lane < tl.minimum(lo, end)))
+    return pos, tl.where(in_head, head, owned(TAIL, pos < end))
 
 
 @triton.jit
-def tail_mask(lane, tail, end):
-    """Lanes of the group at window position ``tail`` that hold the row's last elements (empty
-    when the row ends on a group boundary)."""
-    return tail + lane < end
+def owned(flag, mask):
+    """``mask`` where the scalar ``flag`` holds, else all False (a select: the interpreter rejects
+    the mask that ``flag & mask`` gives)."""
+    return tl.where(flag, mask, False)
 
 
 KEEP = tl.constexpr(1)  # EVICT: a read whose data a later pass reads again (evict_last)
@@ -217,32 +224,20 @@ def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N,
 
 
 @triton.jit
-def owned(flag, mask):
-    """``mask`` where the scalar ``flag`` holds, else all False (a select: the interpreter rejects
-    the mask that ``flag & mask`` gives)."""
-    return tl.where(flag, mask, False)
-
-
-@triton.jit
 def edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, HEAD, TAIL, ALIGN: tl.constexpr):
-    """Fold a realigned row's partial end groups (row_window) into (m, s): the head if HEAD, the
+    """Fold a realigned row's partial end groups (edge_lanes) into (m, s): the head if HEAD, the
     tail if TAIL (the programs that own them)."""
-    lane = tl.arange(0, ALIGN)
-    m, s = online_update(m, s, load_scaled(x_row + lane, owned(HEAD, head_mask(lane, shift, lo, end)), scale))
-    return online_update(m, s, load_scaled(x_row + tail + lane, owned(TAIL, tail_mask(lane, tail, end)), scale))
+    pos, mask = edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN)
+    return online_update(m, s, load_scaled(x_row + pos, mask, scale))
 
 
 @triton.jit
 def edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, HEAD, TAIL, LOG: tl.constexpr,
                 ZERO_MASKED: tl.constexpr, ALIGN: tl.constexpr):
     """The output of a realigned row's partial end groups (as edges_max_sum) from the row's (m, s)."""
-    lane = tl.arange(0, ALIGN)
-    mask = owned(HEAD, head_mask(lane, shift, lo, end))
-    y = finish(load_scaled(x_row + lane, mask, scale), m, s, LOG, ZERO_MASKED)
-    tl.store(y_row + lane, y.to(y_row.dtype.element_ty), mask=mask)
-    mask = owned(TAIL, tail_mask(lane, tail, end))
-    y = finish(load_scaled(x_row + tail + lane, mask, scale), m, s, LOG, ZERO_MASKED)
-    tl.store(y_row + tail + lane, y.to(y_row.dtype.element_ty), mask=mask)
+    pos, mask = edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN)
+    y = finish(load_scaled(x_row + pos, mask, scale), m, s, LOG, ZERO_MASKED)
+    tl.store(y_row + pos, y.to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -439,7 +434,9 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
 
 
 ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
-ALIGN_MIN_N = 64  # shorter rows keep plain masked loads (a row of a few groups gains little)
+# Shorter rows keep plain masked loads: H200 fp32 4096x1023 (fused, 4 rows a program) 2414 GB/s
+# plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/align-probe/).
+ALIGN_MIN_N = 2048
 
 
 def row_align(problem: RowProblem, *element_sizes: int) -> int:

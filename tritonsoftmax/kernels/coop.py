@@ -39,19 +39,17 @@ from ._common import (
     chunk_grid,
     chunks,
     combine_partials,
+    edge_lanes,
     edges_max_sum,
     edges_write,
     finish,
     grad_input,
     grad_term,
-    head_mask,
     load_f32,
     load_scaled,
-    owned,
     row_bases,
     row_offsets,
     sum_partials,
-    tail_mask,
     tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
@@ -128,25 +126,21 @@ def _softmax_coop_fwd_kernel(
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
     offs = tl.arange(0, BLOCK)
-    lane = tl.arange(0, ALIGN)
-    mask_h = owned(chunk == 0, head_mask(lane, shift, lo, end))  # used only when ALIGN > 1
-    mask_t = owned(chunk == G - 1, tail_mask(lane, tail, end))
+    pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     if TILES == 1:
         mask = tile_mask(first + offs, N, lo, hi, ALIGN)
         z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
         if ALIGN == 1:
             m = tl.max(z, axis=0)
         else:
-            z_h = load_scaled(x_row + lane, mask_h, scale)
-            z_t = load_scaled(x_row + tail + lane, mask_t, scale)
-            m = tl.maximum(tl.max(z, axis=0), tl.maximum(tl.max(z_h, axis=0), tl.max(z_t, axis=0)))
+            z_e = load_scaled(x_row + pos_e, mask_e, scale)
+            m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
         m_ref = tl.where(m == NEG_INF, 0.0, m)
         e = tl.exp(z - m_ref)
         s = tl.sum(e, axis=0)
         if ALIGN > 1:
-            e_h = tl.exp(z_h - m_ref)
-            e_t = tl.exp(z_t - m_ref)
-            s += tl.sum(e_h, axis=0) + tl.sum(e_t, axis=0)
+            e_e = tl.exp(z_e - m_ref)
+            s += tl.sum(e_e, axis=0)
     else:
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
         if ALIGN > 1:
@@ -169,16 +163,12 @@ def _softmax_coop_fwd_kernel(
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
             if ALIGN > 1:
                 if LOG:
-                    y_h = finish(z_h, m_r, s_r, LOG, ZERO_MASKED)
-                    y_t = finish(z_t, m_r, s_r, LOG, ZERO_MASKED)
+                    y_e = finish(z_e, m_r, s_r, LOG, ZERO_MASKED)
                 else:
-                    y_h = e_h * (tl.exp(m - m_r) / s_r)
-                    y_t = e_t * (tl.exp(m - m_r) / s_r)
+                    y_e = e_e * (tl.exp(m - m_r) / s_r)
                     if ZERO_MASKED:
-                        y_h = tl.where(m_r == NEG_INF, 0.0, y_h)
-                        y_t = tl.where(m_r == NEG_INF, 0.0, y_t)
-                tl.store(y_row + lane, y_h.to(y_ptr.dtype.element_ty), mask=mask_h)
-                tl.store(y_row + tail + lane, y_t.to(y_ptr.dtype.element_ty), mask=mask_t)
+                        y_e = tl.where(m_r == NEG_INF, 0.0, y_e)
+                tl.store(y_row + pos_e, y_e.to(y_ptr.dtype.element_ty), mask=mask_e)
         else:
             if ALIGN > 1:
                 edges_write(x_row, y_row, scale, m_r, s_r, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,

@@ -12,15 +12,14 @@ from . import _common
 from ._common import (
     Family,
     body_mask,
+    edge_lanes,
     finish,
     grad_input,
     grad_term,
-    head_mask,
     load_f32,
     load_scaled,
     row_offsets,
     row_window,
-    tail_mask,
 )
 
 IMPL = "fused"
@@ -55,23 +54,19 @@ def _fused_fwd_tile(
         # Rows off a 16-byte boundary: the body in whole ALIGN-element groups, the partial groups
         # at either end apart (x and y share one layout, unit column stride: see row_align).
         base, shift, lo, hi, tail, end = row_window(row_offsets(rows, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
-        pos = tl.arange(0, BLOCK_N)[None, :]
-        lane = tl.arange(0, ALIGN)[None, :]
         ok = (rows < M)[:, None]
-        mask_b = ok & body_mask(pos, lo[:, None], hi[:, None], ALIGN)
-        mask_h = ok & head_mask(lane, shift[:, None], lo[:, None], end[:, None])
-        mask_t = ok & tail_mask(lane, tail[:, None], end[:, None])
-        off_b = base[:, None] + pos
-        off_h = base[:, None] + lane
-        off_t = off_h + tail[:, None]
-        z = load_scaled(x_ptr + off_b, mask_b, scale)
-        z_h = load_scaled(x_ptr + off_h, mask_h, scale)
-        z_t = load_scaled(x_ptr + off_t, mask_t, scale)
-        m = tl.maximum(tl.max(z, axis=1), tl.maximum(tl.max(z_h, axis=1), tl.max(z_t, axis=1)))[:, None]
-        s = (tl.sum(tl.exp(z - m), axis=1) + tl.sum(tl.exp(z_h - m), axis=1) + tl.sum(tl.exp(z_t - m), axis=1))[:, None]
-        tl.store(y_ptr + off_b, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
-        tl.store(y_ptr + off_h, finish(z_h, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_h)
-        tl.store(y_ptr + off_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
+        pos = tl.arange(0, BLOCK_N)[None, :]
+        mask = ok & body_mask(pos, lo[:, None], hi[:, None], ALIGN)
+        pos_e, mask_e = edge_lanes(shift[:, None], lo[:, None], tail[:, None], end[:, None], True, True, ALIGN)
+        mask_e = ok & mask_e
+        x_row = x_ptr + base[:, None]
+        y_row = y_ptr + base[:, None]
+        z = load_scaled(x_row + pos, mask, scale)
+        z_e = load_scaled(x_row + pos_e, mask_e, scale)
+        m = tl.maximum(tl.max(z, axis=1), tl.max(z_e, axis=1))[:, None]
+        s = (tl.sum(tl.exp(z - m), axis=1) + tl.sum(tl.exp(z_e - m), axis=1))[:, None]
+        tl.store(y_row + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
