@@ -91,3 +91,30 @@ def test_a_launch_of_odd_rows_chooses_the_realigned_path(impl, config):
                                                        getattr(prepared, "_second", prepared)]
     assert all(p.flags["ALIGN"] == 8 for p in launches)
     assert_softmax_close(y, x)
+
+
+def test_rows_aligned_is_about_every_row_of_both_tensors():
+    assert _problem(2048, 2048).rows_aligned(4, 4)
+    assert not _problem(2051, 2051).rows_aligned(4, 4)
+    assert _problem(2052, 2052).rows_aligned(4, 4) and not _problem(2052, 2052).rows_aligned(2, 2)
+    assert not _problem(2048, 2048, 2051).rows_aligned(4, 4), "the output's rows count too"
+    assert not _problem(2048, 2048, col=2).rows_aligned(4, 4)
+
+
+def test_the_dispatcher_hears_whether_rows_are_aligned(monkeypatch):
+    import tritonsoftmax
+    from tritonsoftmax import dispatch
+
+    seen = []
+    real = dispatch.plan
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1] if len(args) == 8 else kwargs.get("aligned", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "plan", spy)
+    tritonsoftmax.clear_caches()
+    for N in (2048, 2051):
+        x = random_input((2, N), torch.float32, DEVICE)
+        assert_softmax_close(tritonsoftmax.softmax(x), x)
+    assert seen == [True, False]

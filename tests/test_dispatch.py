@@ -149,3 +149,28 @@ def test_device_names_and_warp_sizes():
     assert gpu_slug("AMD Instinct MI300X") == "mi300x"
     assert warp_size_for_arch("gfx942") == 64 and warp_size_for_arch("gfx90a") == 64
     assert warp_size_for_arch("gfx1201") == 32 and warp_size_for_arch("sm_90") == 32
+
+
+@pytest.mark.parametrize("N,fp32,bf16", [(4097, "fused", "fused"), (8193, "coop", "online"), (12345, "coop", "online"),
+                                         (16383, "coop", "online"), (16385, "fused", "online"),
+                                         (32767, "fused", "online"), (32769, "coop", "online"), (65537, "coop", "coop")])
+def test_many_rows_off_16_bytes_leave_fused_from_8k(N, fp32, bf16):
+    """Rows that start off 16 bytes run realigned; from 8K on the realigned coop (fp32, to 16K) and
+    online (16-bit, to 32K) beat the realigned fused kernel (H200 sweep-odd/)."""
+    assert dispatch.choose(4096, N, torch.float32, SM90, aligned=False).impl == fp32
+    assert dispatch.choose(4096, N, torch.bfloat16, SM90, aligned=False).impl == bf16
+    assert dispatch.choose(4096, N, torch.float16, SM90, aligned=False).impl == bf16
+    aligned_fwd = dispatch.choose(4096, N, torch.float32, SM90).impl
+    assert aligned_fwd == ("fused" if N <= 32768 else "coop"), "aligned rows keep the fused rule"
+    for backward in (True,):
+        assert (dispatch.choose(4096, N, torch.float32, SM90, backward, aligned=False).impl
+                == dispatch.choose(4096, N, torch.float32, SM90, backward).impl), "the backward is not realigned"
+    assert dispatch.choose(4096, N, torch.float32, GFX942, aligned=False).impl == dispatch.choose(
+        4096, N, torch.float32, GFX942).impl, "measured on the H200 only"
+
+
+def test_few_rows_off_16_bytes_keep_their_rules():
+    for M in (1, 8, 200):
+        for dtype in (torch.float32, torch.bfloat16):
+            assert (dispatch.choose(M, 12345, dtype, SM90, aligned=False).impl
+                    == dispatch.choose(M, 12345, dtype, SM90).impl)

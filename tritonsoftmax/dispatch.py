@@ -59,6 +59,14 @@ COOP_RESIDENT_PER_SM = 5
 # against coop 2331/2615/2867, fp16 2473/2740/3086 against 2310/2572/2866; at 131072 coop is
 # level or ahead (bf16 1024x131072 2726 against 2634, 4096x131072 2825 against 2886).
 ONLINE_16BIT_MAX_N = 65536
+# Rows that start off a 16-byte boundary (a row of N elements whose bytes are not a multiple of 16)
+# run each family's realigned path (kernels/_common.row_window). Past 8K elements the realigned
+# fused kernel, whose configs are tuned on aligned rows, falls behind coop (fp32) and online
+# (16-bit): H200, session 6, bench/results/h200/sweep-odd/, M = 4096: fp32 12345/16383 coop
+# 3215/3530 GB/s against fused 2728/3140 (32767: fused 3750 against 3600); bf16 12345/16383/32767
+# online 2354/2975/3088 against fused 1460/1831/2446; at 4097 fused leads (fp32 3367 against coop
+# 2315, bf16 1824 against online 1402).
+OFF_ALIGN_MIN_N = 8192
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -77,6 +85,7 @@ class Shape:
     dtype: torch.dtype
     device: DeviceInfo
     backward: bool = False
+    aligned: bool = True  # every row starts on a 16-byte boundary (RowProblem.rows_aligned)
 
 
 def few_rows(s: Shape) -> bool:
@@ -102,7 +111,18 @@ class Rule:
     holds: Callable[[Shape], bool]
 
 
+def realigned_mid_rows(s: Shape, itemsize: int, widest: int) -> bool:
+    """Many rows (forward, CUDA) of ``itemsize``-byte elements that start off 16 bytes, with
+    OFF_ALIGN_MIN_N < N and a bucket of at most ``widest``."""
+    return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == itemsize
+            and not few_rows(s) and OFF_ALIGN_MIN_N < s.N and n_bucket(s.N) <= widest)
+
+
 RULES: tuple[Rule, ...] = (
+    Rule("coop", "fp32 rows of 8K-16K that start off 16 bytes: the realigned coop beats fused",
+         lambda s: realigned_mid_rows(s, 4, 16384)),
+    Rule("online", "16-bit rows of 8K-32K that start off 16 bytes: the realigned online beats fused",
+         lambda s: realigned_mid_rows(s, 2, 32768)),
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
@@ -123,9 +143,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: bool = False) -> Rule:
-    """The first rule of :data:`RULES` that holds for this shape (of the forward, or the backward)."""
-    shape = Shape(M, N, dtype, device, backward)
+def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: bool = False,
+           aligned: bool = True) -> Rule:
+    """The first rule of :data:`RULES` that holds for this shape (of the forward, or the backward;
+    ``aligned``: every row starts on a 16-byte boundary)."""
+    shape = Shape(M, N, dtype, device, backward, aligned)
     for rule in RULES:
         if rule.holds(shape):
             return rule
@@ -147,14 +169,15 @@ _plans: dict[tuple, Plan] = {}
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
-         device: torch.device, backward: bool = False) -> Plan:
-    """The cached launch plan for one call shape (``impl`` already validated). The backward runs
-    the backward kernel of the family the rules pick for it."""
-    key = (impl, M, N, dtype, out_dtype, device, backward)
+         device: torch.device, backward: bool = False, aligned: bool = True) -> Plan:
+    """The cached launch plan for one call shape (``impl`` already validated; ``aligned``: every
+    row starts on a 16-byte boundary). The backward runs the backward kernel of the family the
+    rules pick for it."""
+    key = (impl, M, N, dtype, out_dtype, device, backward, aligned)
     p = _plans.get(key)
     if p is None:
         info = device_info(device)
-        name = choose(M, N, dtype, info, backward).impl if impl == "auto" else impl
+        name = choose(M, N, dtype, info, backward, aligned).impl if impl == "auto" else impl
         if name == "fused":
             from .kernels.fused import check_row_length
 

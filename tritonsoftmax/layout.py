@@ -40,6 +40,12 @@ class RowProblem:
     x: RowStrides
     y: RowStrides
 
+    def rows_aligned(self, *element_sizes: int) -> bool:
+        """Whether every row of input and output starts on a 16-byte boundary (given aligned base
+        pointers) and runs along unit-stride columns: the layout in which loads are 16 bytes wide."""
+        return all(t.col == 1 and (t.outer * size) % 16 == 0 and (t.inner * size) % 16 == 0
+                   for t in (self.x, self.y) for size in element_sizes)
+
     def kernel_args(self) -> tuple[int, ...]:
         """The shape/stride arguments every kernel takes after its two pointers."""
         return (self.M, self.N, self.inner, self.x.outer, self.x.inner, self.x.col,

@@ -445,11 +445,10 @@ def row_align(problem: RowProblem, *element_sizes: int) -> int:
     can realign them (unit column stride, input and output in one layout, rows of at least
     ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
     pointers for speed only: with others it is still exact, just not vectorised."""
-    vec = ALIGN_BYTES // min(element_sizes)
     x = problem.x
-    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N or (x.outer % vec == 0 and x.inner % vec == 0):
+    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N or problem.rows_aligned(*element_sizes):
         return 1
-    return vec
+    return ALIGN_BYTES // min(element_sizes)
 
 
 class PreparedLaunch:
