@@ -151,9 +151,9 @@ def test_device_names_and_warp_sizes():
     assert warp_size_for_arch("gfx1201") == 32 and warp_size_for_arch("sm_90") == 32
 
 
-@pytest.mark.parametrize("N,fp32,bf16", [(4097, "fused", "fused"), (8193, "coop", "online"), (12345, "coop", "online"),
-                                         (16383, "coop", "online"), (16385, "fused", "online"),
-                                         (32767, "fused", "online"), (32769, "coop", "online"), (65537, "coop", "coop")])
+@pytest.mark.parametrize("N,fp32,bf16", [
+    (4097, "fused", "fused"), (8193, "coop", "online"), (12345, "coop", "online"), (16383, "coop", "online"),
+    (16385, "fused", "online"), (32767, "fused", "online"), (32769, "coop", "online"), (65537, "coop", "coop")])
 def test_many_rows_off_16_bytes_leave_fused_from_8k(N, fp32, bf16):
     """Rows that start off 16 bytes run realigned; from 8K on the realigned coop (fp32, to 16K) and
     online (16-bit, to 32K) beat the realigned fused kernel (H200 sweep-odd/)."""
@@ -162,9 +162,8 @@ def test_many_rows_off_16_bytes_leave_fused_from_8k(N, fp32, bf16):
     assert dispatch.choose(4096, N, torch.float16, SM90, aligned=False).impl == bf16
     aligned_fwd = dispatch.choose(4096, N, torch.float32, SM90).impl
     assert aligned_fwd == ("fused" if N <= 32768 else "coop"), "aligned rows keep the fused rule"
-    for backward in (True,):
-        assert (dispatch.choose(4096, N, torch.float32, SM90, backward, aligned=False).impl
-                == dispatch.choose(4096, N, torch.float32, SM90, backward).impl), "the backward is not realigned"
+    assert (dispatch.choose(4096, N, torch.float32, SM90, True, aligned=False).impl
+            == dispatch.choose(4096, N, torch.float32, SM90, True).impl), "the backward is not realigned"
     assert dispatch.choose(4096, N, torch.float32, GFX942, aligned=False).impl == dispatch.choose(
         4096, N, torch.float32, GFX942).impl, "measured on the H200 only"
 
