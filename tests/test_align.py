@@ -14,6 +14,7 @@ from tritonsoftmax.layout import RowProblem, RowStrides, matrix_problem
 REALIGNED = [
     ("fused", LaunchConfig.make(2, BLOCK_N=256, ROWS=2)),
     ("fused", LaunchConfig.make(1, BLOCK_N=256, ROWS=1)),
+    ("fused", LaunchConfig.make(2, BLOCK_N=256, ROWS=1, STAGES=2, PER_SM=1)),  # persistent rows
     ("online", LaunchConfig.make(2, BLOCK=32)),
     ("split", LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4)),
     ("split", LaunchConfig.make(1, BLOCK=64, TILES=1, BLOCK_G=4)),

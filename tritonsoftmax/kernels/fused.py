@@ -39,8 +39,8 @@ def _fused_fwd_tile(
     ALIGN: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    if ALIGN == 1:
+    if ALIGN == 1 or ROWS > 1:
+        rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         x_off = row_offsets(rows, INNER, stride_x_outer, stride_x_inner)[:, None] + (cols * stride_x_col)[None, :]
@@ -51,22 +51,20 @@ def _fused_fwd_tile(
         y_off = row_offsets(rows, INNER, stride_y_outer, stride_y_inner)[:, None] + (cols * stride_y_col)[None, :]
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        # Rows off a 16-byte boundary: the body in whole ALIGN-element groups, the partial groups
-        # at either end apart (x and y share one layout, unit column stride: see row_align).
-        base, shift, lo, hi, tail, end = row_window(row_offsets(rows, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
-        ok = (rows < M)[:, None]
-        pos = tl.arange(0, BLOCK_N)[None, :]
-        mask = ok & body_mask(pos, lo[:, None], hi[:, None], ALIGN)
-        pos_e, mask_e = edge_lanes(shift[:, None], lo[:, None], tail[:, None], end[:, None], True, True, ALIGN)
-        mask_e = ok & mask_e
-        x_row = x_ptr + base[:, None]
-        y_row = y_ptr + base[:, None]
-        z = load_scaled(x_row + pos, mask, scale)
-        z_e = load_scaled(x_row + pos_e, mask_e, scale)
-        m = tl.maximum(tl.max(z, axis=1), tl.max(z_e, axis=1))[:, None]
-        s = (tl.sum(tl.exp(z - m), axis=1) + tl.sum(tl.exp(z_e - m), axis=1))[:, None]
-        tl.store(y_row + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_row + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
+        # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
+        # its whole ALIGN-element groups, then its two partial end groups (x and y share one layout,
+        # unit column stride: see row_align). The row's bounds stay scalars, which keeps a 32-warp
+        # program of 16384 16-bit elements at 32 registers a thread (44 as [1]-tensors, sm_90).
+        base, shift, lo, hi, tail, end = row_window(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
+        pos = tl.arange(0, BLOCK_N)
+        mask = body_mask(pos, lo, hi, ALIGN)
+        pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+        z = load_scaled(x_ptr + base + pos, mask, scale)
+        z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
+        m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
+        s = tl.sum(tl.exp(z - m), axis=0) + tl.sum(tl.exp(z_e - m), axis=0)
+        tl.store(y_ptr + base + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + base + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -89,8 +87,9 @@ def _softmax_fused_fwd_kernel(
     flight through shared memory while one is computed; STAGES == 1: one tile a program.
     Masked lanes are -inf, so they add exp(-inf - m) = 0 to a valid row's sum. ALIGN: 1, or the
     elements in 16 bytes when rows start off a 16-byte boundary (set by PreparedLaunch from
-    _common.row_align): each row is then read and written as whole aligned groups plus its two
-    partial end groups (_common.row_window), so the loads stay 16 bytes wide.
+    _common.row_align): a one-row tile (ROWS == 1) is then read and written as whole aligned
+    groups plus its two partial end groups (_common.row_window), so the loads stay 16 bytes wide;
+    several-row tiles keep the plain path.
     """
     pid = tl.program_id(0)
     if STAGES == 1:
