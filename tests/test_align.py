@@ -119,3 +119,47 @@ def test_the_dispatcher_hears_whether_rows_are_aligned(monkeypatch):
         x = random_input((2, N), torch.float32, DEVICE)
         assert_softmax_close(tritonsoftmax.softmax(x), x)
     assert seen == [True, False]
+
+
+BACKWARD = [(name, c) for name, c in REALIGNED if "STAGES" not in dict(c.meta)]
+
+
+@pytest.mark.parametrize("log", [0, 1], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("N", [203, 250])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("impl,config", BACKWARD, ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in c.meta)}"
+                                                        for n, c in BACKWARD])
+def test_realigned_backward_matches_reference(impl, config, dtype, N, log):
+    """The backward kernels' realigned path (dy, y and dx in one layout) against float64."""
+    from tritonsoftmax.kernels import backward_family
+
+    x = random_input((9, N), torch.float32, DEVICE, seed=N + log)
+    y = (torch.log_softmax(x, -1) if log else torch.softmax(x, -1)).to(dtype)
+    dy = random_input((9, N), dtype, DEVICE, seed=7)
+    yd, dyd = y.double(), dy.double()
+    if log:
+        ref = dyd - yd.exp() * dyd.sum(-1, keepdim=True)
+    else:
+        ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    rtol, atol = {torch.float32: (0, 1e-5), torch.float16: (2e-3, 4e-3)}[dtype]  # fp16 dx rounds at |dx| ~ 30
+    for align in (1, 16 // y.element_size()):
+        dx = poisoned_like(y)
+        backward_family(impl).prepare(matrix_problem(dy, dx), config, device_info(y.device),
+                                      flags={"LOG": log, "ALIGN": align})(dy, dx, y, 1.0)
+        torch.testing.assert_close(dx.double(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("impl,config", CHOSEN, ids=[name for name, _ in CHOSEN])
+def test_a_backward_of_odd_rows_chooses_the_realigned_path(impl, config):
+    from tritonsoftmax.kernels import backward_family
+
+    y = torch.softmax(random_input((3, 2051), torch.float32, DEVICE), -1)
+    dy = random_input((3, 2051), torch.float32, DEVICE, seed=1)
+    dx = poisoned_like(y)
+    prepared = backward_family(impl).prepare(matrix_problem(dy, dx), config, device_info(y.device), flags={"LOG": 0})
+    prepared(dy, dx, y, 1.0)
+    launches = getattr(prepared, "launches", None) or [getattr(prepared, "_first", prepared),
+                                                       getattr(prepared, "_second", prepared)]
+    assert all(p.flags["ALIGN"] == 4 for p in launches)
+    yd, dyd = y.double(), dy.double()
+    torch.testing.assert_close(dx.double(), yd * (dyd - (dyd * yd).sum(-1, keepdim=True)), rtol=0, atol=1e-6)

@@ -241,15 +241,15 @@ def edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, HEAD, TAIL, LOG
 
 
 @triton.jit
-def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG: tl.constexpr, BLOCK: tl.constexpr, TILES,
-                   HINTS: tl.constexpr):
+def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG: tl.constexpr, BLOCK: tl.constexpr,
+                   TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """Sum of grad_term(dy, y) over the tiles (dy and y share the offsets g_row + col * stride_g_col);
-    HINTS as in tiles_max_sum."""
+    HINTS as in tiles_max_sum, N, lo, hi, ALIGN as tile_mask takes them."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for t in range(0, TILES):
         cols = first + t * BLOCK + offs
-        mask = cols < N
+        mask = tile_mask(cols, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, KEEP * HINTS)
         y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, KEEP * HINTS)
         acc += grad_term(dy, y, LOG)
@@ -257,17 +257,33 @@ def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG: tl.constex
 
 
 @triton.jit
-def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N,
-                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr):
+def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
+                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first (HINTS as in tiles_write)."""
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs
-        mask = cols < N
+        mask = tile_mask(cols, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
         y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
         dx = grad_input(dy, y, red, scale, LOG)
         tl.store(d_row + cols * stride_d_col, dx.to(d_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, HEAD, TAIL, LOG: tl.constexpr, ALIGN: tl.constexpr):
+    """Sum of grad_term(dy, y) over a realigned row's partial end groups (as edges_max_sum)."""
+    pos, mask = edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN)
+    return tl.sum(grad_term(load_f32(dy_ptr + g_row + pos, mask), load_f32(y_ptr + g_row + pos, mask), LOG), axis=0)
+
+
+@triton.jit
+def edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, HEAD, TAIL, LOG: tl.constexpr,
+                     ALIGN: tl.constexpr):
+    """dx over a realigned row's partial end groups (as edges_max_sum) into d_row."""
+    pos, mask = edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN)
+    dx = grad_input(load_f32(dy_ptr + g_row + pos, mask), load_f32(y_ptr + g_row + pos, mask), red, scale, LOG)
+    tl.store(d_row + pos, dx.to(d_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -40,6 +40,8 @@ from ._common import (
     chunks,
     combine_partials,
     edge_lanes,
+    edges_grad_sum,
+    edges_grad_write,
     edges_max_sum,
     edges_write,
     finish,
@@ -48,7 +50,6 @@ from ._common import (
     load_f32,
     load_scaled,
     row_bases,
-    row_offsets,
     sum_partials,
     tile_mask,
     tiles_grad_sum,
@@ -184,41 +185,57 @@ def _softmax_coop_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk into ws[ticket] (one word), waits at the row barrier, adds the row's G partials and
     writes dx = grad_input(...) (from registers when TILES == 1, else re-reading, last tile first).
 
-    dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward.
+    dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
+    y and dx in one layout).
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
-    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
+    g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
+                                                        stride_d_outer, stride_d_inner, N, ALIGN)
     offs = tl.arange(0, BLOCK)
+    pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     if TILES == 1:
-        mask = first + offs < N
+        mask = tile_mask(first + offs, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + (first + offs) * stride_g_col, mask)
         y = load_f32(y_ptr + g_row + (first + offs) * stride_g_col, mask)
         part = tl.sum(grad_term(dy, y, LOG), axis=0)
+        if ALIGN > 1:
+            dy_e = load_f32(dy_ptr + g_row + pos_e, mask_e)
+            y_e = load_f32(y_ptr + g_row + pos_e, mask_e)
+            part += tl.sum(grad_term(dy_e, y_e, LOG), axis=0)
     else:
-        part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, LOG, BLOCK, TILES, HINTS)
+        part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN)
+        if ALIGN > 1:
+            part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
+                                   ALIGN)
     if PHASE != 2:
         tl.store(ws_ptr + ticket, part)
     if PHASE == 0:
         row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
         red = sum_partials(ws_ptr + row * G, G, BLOCK_G, True)
-        d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
+        d_row = dx_ptr + d_base
         if TILES == 1:
             dx = grad_input(dy, y, red, scale, LOG)
             tl.store(d_row + (first + offs) * stride_d_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if ALIGN > 1:
+                dx_e = grad_input(dy_e, y_e, red, scale, LOG)
+                tl.store(d_row + pos_e, dx_e.to(dx_ptr.dtype.element_ty), mask=mask_e)
         else:
-            tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, LOG,
-                             BLOCK, TILES, HINTS)
+            if ALIGN > 1:
+                edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, chunk == 0,
+                                 chunk == G - 1, LOG, ALIGN)
+            tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
+                             LOG, BLOCK, TILES, HINTS, ALIGN)
 
 
 def max_chunks(device: DeviceInfo) -> int:

@@ -107,26 +107,41 @@ def _softmax_fused_bwd_kernel(
     stride_g_outer, stride_g_inner, stride_g_col,
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
-    LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
 
     dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
-    Masked lanes load 0, which adds nothing to either row sum.
+    Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
+    tiles only; dy, y and dx in one layout).
     """
     pid = tl.program_id(0)
-    rows = pid * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    g_off = row_offsets(rows, INNER, stride_g_outer, stride_g_inner)[:, None] + (cols * stride_g_col)[None, :]
-    dy = load_f32(dy_ptr + g_off, mask)
-    y = load_f32(y_ptr + g_off, mask)
-    red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
-    dx = grad_input(dy, y, red, scale, LOG)
-    d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]
-    tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if ALIGN == 1 or ROWS > 1:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        g_off = row_offsets(rows, INNER, stride_g_outer, stride_g_inner)[:, None] + (cols * stride_g_col)[None, :]
+        dy = load_f32(dy_ptr + g_off, mask)
+        y = load_f32(y_ptr + g_off, mask)
+        red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
+        dx = grad_input(dy, y, red, scale, LOG)
+        d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]
+        tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    else:
+        base, shift, lo, hi, tail, end = row_window(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N, ALIGN)
+        pos = tl.arange(0, BLOCK_N)
+        mask = body_mask(pos, lo, hi, ALIGN)
+        pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+        dy = load_f32(dy_ptr + base + pos, mask)
+        y = load_f32(y_ptr + base + pos, mask)
+        dy_e = load_f32(dy_ptr + base + pos_e, mask_e)
+        y_e = load_f32(y_ptr + base + pos_e, mask_e)
+        red = tl.sum(grad_term(dy, y, LOG), axis=0) + tl.sum(grad_term(dy_e, y_e, LOG), axis=0)
+        tl.store(dx_ptr + base + pos, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + base + pos_e, grad_input(dy_e, y_e, red, scale, LOG).to(dx_ptr.dtype.element_ty),
+                 mask=mask_e)
 
 
 def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,

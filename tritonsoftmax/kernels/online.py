@@ -8,10 +8,11 @@ import triton.language as tl
 from . import _common
 from ._common import (
     Family,
+    edges_grad_sum,
+    edges_grad_write,
     edges_max_sum,
     edges_write,
     row_bases,
-    row_offsets,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -63,19 +64,24 @@ def _softmax_online_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
-    dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS as in the forward.
+    dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
+    in the forward (ALIGN > 1: dy, y and dx share one layout).
     """
     row = tl.program_id(0)
-    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
-    d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
+    g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
+                                                        stride_d_outer, stride_d_inner, N, ALIGN)
+    d_row = dx_ptr + d_base
     num_tiles = tl.cdiv(N, BLOCK)
-    red = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, 0, N, LOG, BLOCK, num_tiles, HINTS)
-    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, 0, N, LOG, BLOCK, num_tiles,
-                     HINTS)
+    red = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, 0, N, lo, hi, LOG, BLOCK, num_tiles, HINTS, ALIGN)
+    if ALIGN > 1:
+        red += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, True, True, LOG, ALIGN)
+        edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, True, True, LOG, ALIGN)
+    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, 0, N, lo, hi, LOG, BLOCK,
+                     num_tiles, HINTS, ALIGN)
 
 
 FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)

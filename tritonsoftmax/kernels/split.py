@@ -24,10 +24,11 @@ from ._common import (
     chunk_of,
     chunks,
     combine_partials,
+    edges_grad_sum,
+    edges_grad_write,
     edges_max_sum,
     edges_write,
     row_bases,
-    row_offsets,
     sum_partials,
     tiles_grad_sum,
     tiles_grad_write,
@@ -109,17 +110,21 @@ def _softmax_split_bwd_partial_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
 
-    dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest as in pass 1
-    of the forward.
+    dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest (ALIGN: dy, y and
+    dx in one layout) as in pass 1 of the forward.
     """
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
-    part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, LOG, BLOCK, TILES, HINTS)
+    g_row, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
+                                                   stride_d_outer, stride_d_inner, N, ALIGN)
+    part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, lo, hi, LOG, BLOCK, TILES, HINTS,
+                          ALIGN)
+    if ALIGN > 1:
+        part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, g == 0, g == G - 1, LOG, ALIGN)
     tl.store(ws_ptr + pid, part)
 
 
@@ -130,16 +135,19 @@ def _softmax_split_bwd_write_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
-    g_row = row_offsets(row, INNER, stride_g_outer, stride_g_inner)
-    d_row = dx_ptr + row_offsets(row, INNER, stride_d_outer, stride_d_inner)
-    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, LOG,
-                     BLOCK, TILES, HINTS)
+    g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
+                                                        stride_d_outer, stride_d_inner, N, ALIGN)
+    d_row = dx_ptr + d_base
+    if ALIGN > 1:
+        edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, g == 0, g == G - 1, LOG, ALIGN)
+    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, lo,
+                     hi, LOG, BLOCK, TILES, HINTS, ALIGN)
 
 
 def _shape_config(device: DeviceInfo, M: int, N: int, block: int, num_warps: int) -> LaunchConfig:
