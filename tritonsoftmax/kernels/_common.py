@@ -200,6 +200,7 @@ def tiles_max_sum(x_row, stride_col, scale, first, N, lo, hi, BLOCK: tl.constexp
                   ALIGN: tl.constexpr):
     """(max m, sum exp(z - m)) over the tiles, folded with online_update (an all -inf stretch gives
     m = -inf, s = 0). HINTS: mark the tiles to be kept in L2 for the write pass."""
+    tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
@@ -215,6 +216,7 @@ def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N,
                 ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """The output over the tiles from the row's (m, s), last tile first (the tiles read last are
     the likeliest still in cache); HINTS: this last read lets them go."""
+    tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs
@@ -245,6 +247,7 @@ def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG: tl
                    TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """Sum of grad_term(dy, y) over the tiles (dy and y share the offsets g_row + col * stride_g_col);
     HINTS as in tiles_max_sum, N, lo, hi, ALIGN as tile_mask takes them."""
+    tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for t in range(0, TILES):
@@ -260,6 +263,7 @@ def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG: tl
 def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
                      LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
     """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first (HINTS as in tiles_write)."""
+    tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
         cols = first + (TILES - 1 - t) * BLOCK + offs

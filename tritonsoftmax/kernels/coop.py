@@ -128,6 +128,7 @@ def _softmax_coop_fwd_kernel(
     x_row = x_ptr + x_base
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
+    tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
     if TILES == 1:
         mask = tile_mask(first + offs, N, lo, hi, ALIGN)
         z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
@@ -203,6 +204,7 @@ def _softmax_coop_bwd_kernel(
                                                         stride_d_outer, stride_d_inner, N, ALIGN)
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
+    tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
     if TILES == 1:
         mask = tile_mask(first + offs, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + (first + offs) * stride_g_col, mask)

@@ -56,6 +56,7 @@ def _fused_fwd_tile(
         # unit column stride: see row_align). The row's bounds stay scalars, which keeps a 32-warp
         # program of 16384 16-bit elements at 32 registers a thread (44 as [1]-tensors, sm_90).
         base, shift, lo, hi, tail, end = row_window(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
+        tl.static_assert(BLOCK_N % ALIGN == 0, "the row window must hold whole ALIGN-element groups")
         pos = tl.arange(0, BLOCK_N)
         mask = body_mask(pos, lo, hi, ALIGN)
         pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
@@ -131,6 +132,7 @@ def _softmax_fused_bwd_kernel(
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
         base, shift, lo, hi, tail, end = row_window(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N, ALIGN)
+        tl.static_assert(BLOCK_N % ALIGN == 0, "the row window must hold whole ALIGN-element groups")
         pos = tl.arange(0, BLOCK_N)
         mask = body_mask(pos, lo, hi, ALIGN)
         pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
