@@ -94,6 +94,18 @@ def edge_lanes(shift, lo, tail, end, HEAD, TAIL, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def whole_row_lanes(start, N, WIDTH: tl.constexpr, ALIGN: tl.constexpr):
+    """A realigned row held whole (the fused kernels' one-row tiles; start: a scalar offset):
+    (base, body positions 0 .. WIDTH - 1 with their mask, edge positions with their mask); see
+    row_window, body_mask and edge_lanes."""
+    tl.static_assert(WIDTH % ALIGN == 0, "the row window must hold whole ALIGN-element groups")
+    base, shift, lo, hi, tail, end = row_window(start, N, ALIGN)
+    pos = tl.arange(0, WIDTH)
+    pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+    return base, pos, body_mask(pos, lo, hi, ALIGN), pos_e, mask_e
+
+
+@triton.jit
 def owned(flag, mask):
     """``mask`` where the scalar ``flag`` holds, else all False (a select: the interpreter rejects
     the mask that ``flag & mask`` gives)."""

@@ -11,15 +11,13 @@ from ..device import DeviceInfo
 from . import _common
 from ._common import (
     Family,
-    body_mask,
-    edge_lanes,
     finish,
     grad_input,
     grad_term,
     load_f32,
     load_scaled,
     row_offsets,
-    row_window,
+    whole_row_lanes,
 )
 
 IMPL = "fused"
@@ -55,11 +53,8 @@ def _fused_fwd_tile(
         # its whole ALIGN-element groups, then its two partial end groups (x and y share one layout,
         # unit column stride: see row_align). The row's bounds stay scalars, which keeps a 32-warp
         # program of 16384 16-bit elements at 32 registers a thread (44 as [1]-tensors, sm_90).
-        base, shift, lo, hi, tail, end = row_window(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N, ALIGN)
-        tl.static_assert(BLOCK_N % ALIGN == 0, "the row window must hold whole ALIGN-element groups")
-        pos = tl.arange(0, BLOCK_N)
-        mask = body_mask(pos, lo, hi, ALIGN)
-        pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+        base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N,
+                                                         BLOCK_N, ALIGN)
         z = load_scaled(x_ptr + base + pos, mask, scale)
         z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
         m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
@@ -131,11 +126,8 @@ def _softmax_fused_bwd_kernel(
         d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
-        base, shift, lo, hi, tail, end = row_window(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N, ALIGN)
-        tl.static_assert(BLOCK_N % ALIGN == 0, "the row window must hold whole ALIGN-element groups")
-        pos = tl.arange(0, BLOCK_N)
-        mask = body_mask(pos, lo, hi, ALIGN)
-        pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+        base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N,
+                                                         BLOCK_N, ALIGN)
         dy = load_f32(dy_ptr + base + pos, mask)
         y = load_f32(y_ptr + base + pos, mask)
         dy_e = load_f32(dy_ptr + base + pos_e, mask_e)
