@@ -490,8 +490,10 @@ class PreparedLaunch:
     it remembers the chosen config and the compiled kernel, so a warm call starts the compiled
     kernel directly: no autotuner, no argument binding, no specialisation work, tensors passed
     as addresses. A call whose pointers differ in 16-byte alignment from the first (which the
-    compiled kernel assumed) takes Triton's normal path again. A config from the tuning store that fails to compile or
-    launch falls back to the autotuner with one warning.
+    compiled kernel assumed) takes Triton's normal path again. Kernels with an ALIGN parameter get
+    it from row_align on the first call (rows that start off 16 bytes are realigned). A config
+    from the tuning store that fails to compile or launch falls back to the autotuner with one
+    warning.
     """
 
     def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
@@ -500,7 +502,7 @@ class PreparedLaunch:
             config = family.heuristic(device, problem.M, problem.N)
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
-        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED): not tuned, not stored
+        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN): not tuned, not stored
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
