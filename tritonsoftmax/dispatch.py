@@ -42,9 +42,9 @@ FEW_ROWS_PER_SM = 2
 # split 1942/2072 against coop 1600/1848); the 16-bit backward holds two tensors and coop wins
 # (session 4, sweep-bwd/: bf16 8/32x1M coop 2147/2736 against split 1892/2186, 128x131072 2586
 # against 2055; fp16 alike). Many long rows go to it in every dtype, forward and
-# backward (16-bit forward: a tie with online, 2848 against 2931 at 4096x65536 bf16, 2816
-# against 2755 at 4096x262144, both reading once less). Used on CUDA only: the cooperative kernel
-# has been measured on the H200 and never run on AMD.
+# backward, except 16-bit forward rows of up to 64K (ONLINE_16BIT_MAX_N); longer 16-bit rows tie
+# with online (2816 against 2755 at 4096x262144 bf16, session 3). Used on CUDA only: the
+# cooperative kernel has been measured on the H200 and never run on AMD.
 COOP_PROGRAMS_PER_SM = 4
 COOP_CHUNK = 8192
 # "All on chip at once" counts what is really resident: the coop forward program (4 warps, one

@@ -467,7 +467,7 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
 
 ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
 # Shorter rows keep plain masked loads: H200 fp32 4096x1023 (fused, 4 rows a program) 2414 GB/s
-# plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/align-probe/).
+# plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/session6-probes/probe15.log).
 ALIGN_MIN_N = 2048
 
 

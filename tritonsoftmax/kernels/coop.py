@@ -95,6 +95,20 @@ def row_barrier(count_ptr, G, chunk):
     tl.atomic_add(count_ptr, tl.full([], ROUND, tl.int32) - G, mask=chunk == 0, sem="relaxed")
 
 
+@triton.jit
+def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
+    """The output of values held in registers: scaled inputs ``z`` and e = exp(z - m) taken
+    against the chunk's max ``m``, given the row's (m_r, s_r). Softmax rescales the exponentials
+    already taken, exp(z - m_r) = e * exp(m - m_r); log_softmax uses finish."""
+    if LOG:
+        return finish(z, m_r, s_r, LOG, ZERO_MASKED)
+    else:
+        y = e * (tl.exp(m - m_r) / s_r)
+        if ZERO_MASKED:
+            y = tl.where(m_r == NEG_INF, 0.0, y)
+        return y
+
+
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_coop_fwd_kernel(
     x_ptr, y_ptr, ws_ptr, sync_ptr, scale, M, N, INNER,
@@ -156,20 +170,10 @@ def _softmax_coop_fwd_kernel(
         m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, True)
         y_row = y_ptr + y_base
         if TILES == 1:
-            if LOG:
-                y = finish(z, m_r, s_r, LOG, ZERO_MASKED)
-            else:  # rescale the exponentials already taken: exp(z - m_r) = e * exp(m - m_r)
-                y = e * (tl.exp(m - m_r) / s_r)
-                if ZERO_MASKED:
-                    y = tl.where(m_r == NEG_INF, 0.0, y)
+            y = held_output(z, e, m, m_r, s_r, LOG, ZERO_MASKED)
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
             if ALIGN > 1:
-                if LOG:
-                    y_e = finish(z_e, m_r, s_r, LOG, ZERO_MASKED)
-                else:
-                    y_e = e_e * (tl.exp(m - m_r) / s_r)
-                    if ZERO_MASKED:
-                        y_e = tl.where(m_r == NEG_INF, 0.0, y_e)
+                y_e = held_output(z_e, e_e, m, m_r, s_r, LOG, ZERO_MASKED)
                 tl.store(y_row + pos_e, y_e.to(y_ptr.dtype.element_ty), mask=mask_e)
         else:
             if ALIGN > 1:

@@ -29,6 +29,12 @@ PIPELINED_STAGES = 3  # H200 bf16 4096x32768: 3 stages 3554 GB/s, 2 stages 2527,
 
 
 @triton.jit
+def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col):
+    """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges)."""
+    return row_offsets(rows, INNER, stride_outer, stride_inner)[:, None] + (cols * stride_col)[None, :]
+
+
+@triton.jit
 def _fused_fwd_tile(
     x_ptr, y_ptr, tile, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
@@ -41,12 +47,12 @@ def _fused_fwd_tile(
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
-        x_off = row_offsets(rows, INNER, stride_x_outer, stride_x_inner)[:, None] + (cols * stride_x_col)[None, :]
-        z = load_scaled(x_ptr + x_off, mask, scale)
+        z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col), mask,
+                        scale)
         m = tl.max(z, axis=1)[:, None]
         s = tl.sum(tl.exp(z - m), axis=1)[:, None]
         y = finish(z, m, s, LOG, ZERO_MASKED)
-        y_off = row_offsets(rows, INNER, stride_y_outer, stride_y_inner)[:, None] + (cols * stride_y_col)[None, :]
+        y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
@@ -118,12 +124,12 @@ def _softmax_fused_bwd_kernel(
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
-        g_off = row_offsets(rows, INNER, stride_g_outer, stride_g_inner)[:, None] + (cols * stride_g_col)[None, :]
+        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
         dy = load_f32(dy_ptr + g_off, mask)
         y = load_f32(y_ptr + g_off, mask)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
         dx = grad_input(dy, y, red, scale, LOG)
-        d_off = row_offsets(rows, INNER, stride_d_outer, stride_d_inner)[:, None] + (cols * stride_d_col)[None, :]
+        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
         base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N,
