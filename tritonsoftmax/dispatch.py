@@ -60,13 +60,13 @@ COOP_RESIDENT_PER_SM = 5
 # level or ahead (bf16 1024x131072 2726 against 2634, 4096x131072 2825 against 2886).
 ONLINE_16BIT_MAX_N = 65536
 # Rows that start off a 16-byte boundary (a row of N elements whose bytes are not a multiple of 16)
-# run each family's realigned path (kernels/_common.row_window). Past 8K elements the realigned
-# fused kernel, whose configs are tuned on aligned rows, falls behind coop (fp32) and online
-# (16-bit): H200, session 6, bench/results/h200/sweep-odd/, M = 4096: fp32 12345/16383 coop
-# 3215/3530 GB/s against fused 2728/3140 (32767: fused 3750 against 3600); bf16 12345/16383/32767
-# online 2354/2975/3088 against fused 1460/1831/2446; at 4097 fused leads (fp32 3367 against coop
-# 2315, bf16 1824 against online 1402).
-OFF_ALIGN_MIN_N = 8192
+# run each family's realigned path (kernels/_common.row_window). The realigned fused kernel keeps
+# its aligned speed up to 16K (H200, session 7, session7-probes/probe16.log, M = 4096: fp32
+# 12345/16383 fused 3896/3926 GB/s against coop 3219/3522; bf16 fused 2877/3413 against online
+# 2356/2980), but in the 32K bucket 16-bit rows run faster through online: bf16 20001/32767
+# online 2686/3094 against fused 2116/2878, fp16 2829/3180 against 2248/3030 (fp32 stays fused:
+# 32767 3996 against online 3240).
+OFF_ALIGN_MIN_N = 16384
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -111,18 +111,16 @@ class Rule:
     holds: Callable[[Shape], bool]
 
 
-def realigned_mid_rows(s: Shape, itemsize: int, widest: int) -> bool:
-    """Many rows (forward, CUDA) of ``itemsize``-byte elements that start off 16 bytes, with
-    OFF_ALIGN_MIN_N < N and a bucket of at most ``widest``."""
-    return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == itemsize
-            and not few_rows(s) and OFF_ALIGN_MIN_N < s.N and n_bucket(s.N) <= widest)
+def realigned_16bit_32k_rows(s: Shape) -> bool:
+    """Many 16-bit rows (forward, CUDA) that start off 16 bytes, with OFF_ALIGN_MIN_N < N and a
+    bucket of at most 32768."""
+    return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
+            and not few_rows(s) and OFF_ALIGN_MIN_N < s.N and n_bucket(s.N) <= 32768)
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("coop", "fp32 rows of 8K-16K that start off 16 bytes: the realigned coop beats fused",
-         lambda s: realigned_mid_rows(s, 4, 16384)),
-    Rule("online", "16-bit rows of 8K-32K that start off 16 bytes: the realigned online beats fused",
-         lambda s: realigned_mid_rows(s, 2, 32768)),
+    Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward): realigned online beats fused",
+         realigned_16bit_32k_rows),
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
