@@ -53,8 +53,9 @@ COOP_CHUNK = 8192
 # (bench/results/h200/peers/, session 5; probe8: 1330 against 1441).
 COOP_RESIDENT_PER_SM = 5
 # Many 16-bit rows of up to 64K elements (forward) run faster through online than through coop:
-# online's second read, marked evict_last by its first, mostly comes from L2, while a coop chunk
-# of 16-bit values holds half an fp32 chunk's bytes for the same waiting. H200, session 6
+# online's second read, marked evict_last by its first, mostly comes from L2, and coop's 16-bit
+# chunks stop near 3 TB/s whatever their size, warps or register cap (session 7, probe17/probe19:
+# best 3006 GB/s at bf16 4096x65536). H200, session 6
 # (bench/NOTES.md, coop-probe/probe12): bf16 512/1024/4096x65536 online 2507/2782/3107 GB/s
 # against coop 2331/2615/2867, fp16 2473/2740/3086 against 2310/2572/2866; at 131072 coop is
 # level or ahead (bf16 1024x131072 2726 against 2634, 4096x131072 2825 against 2886).
