@@ -43,7 +43,19 @@ def _fused_fwd_tile(
     ALIGN: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
-    if ALIGN == 1 or ROWS > 1:
+    if ROWS == 1 and ALIGN == 1:
+        # One row as a 1-D tensor: the same code as a [1, BLOCK_N] tile on triton 3.6 apart from the
+        # row mask (tile < M: the grid and the persistent loop never pass M), and only a 1-D
+        # reduction can span a CTA cluster (num_ctas) on triton 3.8.
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
+        z = load_scaled(x_row + cols * stride_x_col, mask, scale)
+        m = tl.max(z, axis=0)
+        s = tl.sum(tl.exp(z - m), axis=0)
+        y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
+        tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+    elif ALIGN == 1 or ROWS > 1:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -78,7 +90,8 @@ def _softmax_fused_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1,
 ):
-    """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile.
+    """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
+    (one row: a [BLOCK_N] vector).
 
     x_ptr, y_ptr: input and output; row r starts at row_offsets(r, INNER, stride_*_outer,
     stride_*_inner) and its elements are stride_*_col apart. M rows of N elements; the input
