@@ -7,6 +7,7 @@ from softmax_ref import assert_softmax_close, coop_counters_ready, poisoned_like
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, fused, online, split, tile
 
 LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch,
@@ -278,3 +279,18 @@ def test_l2_eviction_hints_change_no_result(impl, config, backward):
         torch.testing.assert_close(outs[1], ref, rtol=1e-5, atol=1e-6)
     else:
         assert_softmax_close(outs[1], x)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_fused_one_row_tiles_on_strided_rows(log):
+    """One-row tiles (the heuristic's choice from 4K elements) over rows with a column stride and
+    rows interleaved inside the softmax dim (INNER > 1): the 1-D row path's offsets."""
+    op = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+    ref = torch.log_softmax if log else torch.softmax
+    for x, dim in ((random_input((3, 4100, 2), torch.float32, DEVICE), 1),
+                   (random_input((4100, 3), torch.float16, DEVICE).t(), -1)):
+        assert fused.FAMILY.heuristic(device_info(x.device), x.numel() // x.shape[dim], x.shape[dim])["ROWS"] == 1
+        y = op(x, dim, impl="fused")
+        want = ref(x.double(), dim)
+        tol = 1e-5 if x.dtype == torch.float32 else 2e-3
+        assert torch.allclose(y.double(), want, atol=tol, rtol=tol), (y.double() - want).abs().max()
