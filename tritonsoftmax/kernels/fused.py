@@ -55,7 +55,7 @@ def _fused_fwd_tile(
         s = tl.sum(tl.exp(z - m), axis=0)
         y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
         tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
-    elif ALIGN == 1 or ROWS > 1:
+    elif ROWS > 1:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
