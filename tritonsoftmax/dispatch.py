@@ -67,7 +67,7 @@ ONLINE_16BIT_MAX_N = 65536
 # 2356/2980), but in the 32K bucket 16-bit rows run faster through online: bf16 20001/32767
 # online 2686/3094 against fused 2116/2878, fp16 2829/3180 against 2248/3030 (fp32 stays fused:
 # 32767 3996 against online 3240).
-OFF_ALIGN_MIN_N = 16384
+OFF_ALIGN_ONLINE_BUCKET = 32768
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -113,10 +113,9 @@ class Rule:
 
 
 def realigned_16bit_32k_rows(s: Shape) -> bool:
-    """Many 16-bit rows (forward, CUDA) that start off 16 bytes, with OFF_ALIGN_MIN_N < N and a
-    bucket of at most 32768."""
+    """Many 16-bit rows (forward, CUDA) that start off 16 bytes, in the OFF_ALIGN_ONLINE_BUCKET bucket."""
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
-            and not few_rows(s) and OFF_ALIGN_MIN_N < s.N and n_bucket(s.N) <= 32768)
+            and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET)
 
 
 RULES: tuple[Rule, ...] = (
