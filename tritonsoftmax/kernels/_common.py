@@ -465,6 +465,11 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
     return args, (bits & 15) == 0
 
 
+# Compile options every launch passes. FP contraction (FMA) stays on, as it was the default on
+# triton 3.6-3.9: saying so keeps our numerics when 3.10 turns the default off, and silences 3.9's
+# warning about the coming change (which fires on any compile that leaves it unset).
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
 # Shorter rows keep plain masked loads: H200 fp32 4096x1023 (fused, 4 rows a program) 2414 GB/s
 # plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/session6-probes/probe15.log).
@@ -550,7 +555,7 @@ class PreparedLaunch:
     def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
         grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
-        compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags)
+        compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags, **COMPILE_OPTIONS)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             self._compiled = compiled  # kept for diagnostics (registers, spills)
             self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
@@ -570,7 +575,8 @@ class PreparedLaunch:
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N
         tuner = self.family.autotuned(self.device)
-        tuner[lambda meta: self.family.grid(M, N, meta, self.device)](x, y, *extra, *self.tail, **self.flags)
+        tuner[lambda meta: self.family.grid(M, N, meta, self.device)](x, y, *extra, *self.tail, **self.flags,
+                                                                      **COMPILE_OPTIONS)
         self.config = LaunchConfig.from_triton(tuner.best_config)
         if save_tuning_enabled():
             timings = getattr(tuner, "configs_timings", None) or {}
