@@ -164,6 +164,39 @@ def test_coop_rejects_config_with_too_few_partial_slots():
         coop.launch(x, poisoned_like(x), LaunchConfig.make(1, BLOCK=32, TILES=1, BLOCK_G=4))
 
 
+@pytest.mark.parametrize("regs,warps,shared,per_sm", [
+    (32, 16, 0, 4), (63, 4, 0, 8), (102, 8, 0, 2),  # coop kernels: the H200 driver's limit, probe23
+    (89, 4, 0, 5), (40, 4, 0, 12), (32, 4, 0, 16),  # registers in 256-per-warp units; 2048 threads an SM
+    (16, 1, 0, 32),  # at most 32 programs an SM
+    (40, 8, 100000, 2),  # shared memory: 2 x (100000 + 1024) fits in 227 KB, 3 do not
+    (255, 32, 0, 0),  # does not fit at all
+])
+def test_resident_programs_estimate(regs, warps, shared, per_sm):
+    from test_dispatch import SM90
+
+    from tritonsoftmax.kernels._common import resident_programs
+
+    assert resident_programs(SM90, regs, warps, shared) == per_sm
+
+
+def test_coop_single_launch_is_ticketed_until_a_gpu_says_resident():
+    """The interpreter runs the two-launch mode; a single launch starts "ticketed" and turns
+    "resident" only after its first call compiled the cooperative kernel on a CUDA device."""
+    from test_dispatch import GFX942, SM90
+
+    from tritonsoftmax.layout import matrix_problem
+
+    x = torch.empty(8, 4096)
+    config = LaunchConfig.make(4, BLOCK=1024, TILES=1, BLOCK_G=4)
+    assert coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=True).mode == "two-phase"
+    cuda = coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=False)
+    assert cuda.mode == "ticketed" and cuda._resident is not None
+    assert dict(cuda._resident.config.options)["launch_cooperative_grid"] == 1
+    assert cuda.config.options == ()  # what the tuner stores stays the plain config
+    hip = coop.FAMILY.prepare(matrix_problem(x, x), config, GFX942, two_phase=False)
+    assert hip.mode == "ticketed" and hip._resident is None  # no cooperative launch on AMD here
+
+
 def test_coop_refuses_more_programs_a_row_than_can_run_together():
     from test_dispatch import SM90
 

@@ -24,6 +24,7 @@ class DeviceInfo:
     shared_mem_per_block: the most shared memory/LDS one program may use, bytes.
     regs_per_sm: 32-bit registers per SM/CU.
     l2_bytes: last-level cache size, bytes (0 when unknown).
+    max_threads_per_sm: threads one SM/CU can hold at once.
     """
 
     backend: str
@@ -35,6 +36,7 @@ class DeviceInfo:
     regs_per_sm: int
     l2_bytes: int = 0
     max_threads_per_program: int = 1024
+    max_threads_per_sm: int = 2048
 
     @property
     def is_hip(self) -> bool:
@@ -101,6 +103,7 @@ def _gpu_info(index: int) -> DeviceInfo:
         shared_mem_per_block=int(smem or 48 * 1024),
         regs_per_sm=int(regs),
         l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
+        max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", 0) or 2048),
     )
 
 

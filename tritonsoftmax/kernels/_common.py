@@ -552,6 +552,21 @@ class PreparedLaunch:
             return self._autotune(x, y, extra)
         return self.config
 
+    def compile(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor | float):
+        """Compile (without launching) what the first call with these arguments would launch, and
+        load it on the device; returns Triton's CompiledKernel (n_regs, metadata), or None under
+        the interpreter. Needs a config. The first call then finds it in Triton's cache."""
+        if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
+            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
+        kwargs = self.config.launch_kwargs()
+        grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
+        compiled = self.family.kernel.warmup(x, y, *extra, *self.tail, grid=grid, **kwargs, **self.flags,
+                                             **COMPILE_OPTIONS)
+        if not hasattr(compiled, "packed_metadata"):
+            return None
+        compiled._init_handles()  # fills n_regs (triton 3.6-3.9)
+        return compiled
+
     def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         kwargs = self.config.launch_kwargs()
         grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
@@ -674,6 +689,24 @@ def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> lis
         for waves in (1, 2):
             out.append(LaunchConfig(c.meta, c.num_warps, c.num_stages, (("waves_per_eu", waves),)))
     return out
+
+
+REG_ALLOC_UNIT = 256  # NVIDIA allocates registers per warp in units of this many
+MAX_PROGRAMS_PER_SM = 32  # NVIDIA's limit on resident blocks per SM (sm_80 .. sm_90)
+SMEM_RESERVED_PER_PROGRAM = 1024  # shared memory the driver keeps per block (sm_80 and later)
+
+
+def resident_programs(device: DeviceInfo, n_regs: int, num_warps: int, shared_bytes: int) -> int:
+    """How many programs of a compiled NVIDIA kernel (``n_regs`` registers a thread, ``num_warps``
+    warps, ``shared_bytes`` of shared memory) one SM holds at once: the least of the thread,
+    register (per-warp units of REG_ALLOC_UNIT), shared-memory and block limits. Shared memory is
+    counted against one program's maximum (a little under the SM's), so the estimate errs low."""
+    threads = num_warps * device.warp_size
+    by_threads = device.max_threads_per_sm // threads
+    regs_per_warp = -(-max(n_regs, 1) * device.warp_size // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+    by_regs = (device.regs_per_sm // regs_per_warp) // num_warps
+    by_smem = device.shared_mem_per_block // (shared_bytes + SMEM_RESERVED_PER_PROGRAM) if shared_bytes else by_threads
+    return max(0, min(by_threads, by_regs, by_smem, MAX_PROGRAMS_PER_SM))
 
 
 def check_same_layout(dy: torch.Tensor, y: torch.Tensor) -> None:

@@ -15,6 +15,11 @@ sets it to 0) and every row counter ends a launch at a multiple of ROUND, where 
 expects it, so one zeroed buffer per (device, stream) serves every launch on that stream and no
 program waits for anything on its way out.
 
+On CUDA, when the compiled kernel's occupancy holds all M x G programs at once, the launch is a
+CUDA cooperative launch instead (the driver then runs every program together, or refuses the
+launch), and program ids replace tickets (RESIDENT): the ticket's atomic round trip before the
+first load is gone (H200, same config: +3-6 % on few long rows, session 8's probe23).
+
 Programs that wait for each other deadlock under the Triton interpreter, which runs programs one
 after another. There (and whenever ``two_phase`` is asked for) the same kernel runs as two
 launches: PHASE 1 publishes the partials, PHASE 2 combines and writes; PHASE 0 is the cooperative
@@ -22,6 +27,8 @@ single launch.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -61,15 +68,18 @@ from ._common import (
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 NEG_INF = tl.constexpr(float("-inf"))
+COOPERATIVE_LAUNCH = ("launch_cooperative_grid", 1)  # CUDA launch option: every program resident at once
 ROUND = tl.constexpr(1 << 20)  # what one launch adds to a row counter; divides 2**32, far above any G
 
 
 @triton.jit
-def take_ticket(sync_ptr, total, PHASE: tl.constexpr):
-    """This program's ticket: start order in the cooperative launch (PHASE 0), else its program id.
+def take_ticket(sync_ptr, total, PHASE: tl.constexpr, RESIDENT: tl.constexpr):
+    """This program's ticket: start order in the cooperative launch (PHASE 0), else its program id
+    (also in PHASE 0 with RESIDENT, a launch whose programs CUDA runs all at once, so that start
+    order cannot matter and the ticket's atomic round trip before the first load is saved).
 
     sync_ptr[0] counts tickets; the holder of the last one (total - 1) sets it back to 0."""
-    if PHASE == 0:
+    if PHASE == 0 and not RESIDENT:
         ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
         tl.store(sync_ptr, 0, mask=ticket == total - 1)
     else:
@@ -117,7 +127,7 @@ def _softmax_coop_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -130,10 +140,11 @@ def _softmax_coop_fwd_kernel(
     cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
     hints on the two reads when TILES > 1 (0 gives plain loads). ALIGN: as in the fused kernel;
     chunks are cut from the realigned row's window (_common.row_window), chunk 0 also takes the
-    head group and chunk G - 1 the tail group.
+    head group and chunk G - 1 the tail group. RESIDENT: 1 when the launch is a CUDA cooperative
+    launch (every program resident at once): program ids replace tickets (take_ticket).
     """
     G = tl.cdiv(N, TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE)
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
@@ -190,7 +201,7 @@ def _softmax_coop_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk into ws[ticket] (one word), waits at the row barrier, adds the row's G partials and
@@ -200,7 +211,7 @@ def _softmax_coop_bwd_kernel(
     y and dx in one layout).
     """
     G = tl.cdiv(N, TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE)
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
@@ -324,11 +335,14 @@ def release_scratch() -> None:
 class CoopLaunch:
     """The coop kernel on one problem, ready to start again and again (see PreparedLaunch).
 
-    One cooperative launch on a GPU; two launches (PHASE 1, then 2) under the interpreter or with
-    ``two_phase``. Without a config it uses the heuristic (a waiting kernel is not something to
-    hand to Triton's autotuner; ``python -m tritonsoftmax.tune --families coop`` times each config
-    and stores the winner). A config is checked for enough partial slots (BLOCK_G >= G) and, for
-    the cooperative launch, for forward progress (G <= max_chunks)."""
+    One launch on a GPU; two launches (PHASE 1, then 2) under the interpreter or with
+    ``two_phase``. On CUDA the single launch is a cooperative one (RESIDENT, no tickets) when the
+    compiled kernel's occupancy holds every program at once (``mode`` says which: "resident",
+    "ticketed" or "two-phase"; decided on the first call). Without a config it uses the heuristic
+    (a waiting kernel is not something to hand to Triton's autotuner; ``python -m
+    tritonsoftmax.tune --families coop`` times each config and stores the winner). A config is
+    checked for enough partial slots (BLOCK_G >= G) and, for the single launch, for forward
+    progress (G <= max_chunks)."""
 
     def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
                  device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
@@ -343,17 +357,41 @@ class CoopLaunch:
         if next_power_of_2(g) > self.config["BLOCK_G"]:
             raise ValueError(f"coop config {self.config}: BLOCK_G must be >= the {g} chunks of a "
                              f"{problem.N}-element row")
+        flags = dict(flags or {})
         phases = (1, 2) if two_phase else (0,)
-        self.launches = [PreparedLaunch(family, problem, self.config, device, flags={**(flags or {}), "PHASE": p})
+        self.launches = [PreparedLaunch(family, problem, self.config, device, flags={**flags, "PHASE": p})
                          for p in phases]
-        self.ws_words = family.words * problem.M * g
+        self.mode = "two-phase" if two_phase else "ticketed"
+        self._resident = None
+        if not two_phase and device.backend == "cuda":
+            cooperative = dataclasses.replace(self.config, options=(*self.config.options, COOPERATIVE_LAUNCH))
+            self._resident = PreparedLaunch(family, problem, cooperative, device,
+                                            flags={**flags, "PHASE": 0, "RESIDENT": 1})
+        self.programs = problem.M * g
+        self.ws_words = family.words * self.programs
         self.sync_words = 1 + problem.M
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws, sync = scratch(x.device, self.ws_words, self.sync_words)
+        if self._resident is not None:
+            self._choose_resident(x, y, ws, sync, extra)
         for launch in self.launches:
             launch(x, y, ws, sync, *extra)
         return self.config
+
+    def _choose_resident(self, x: torch.Tensor, y: torch.Tensor, ws: torch.Tensor, sync: torch.Tensor,
+                         extra: tuple) -> None:
+        """First call on CUDA: the cooperative launch when all programs fit on the GPU at once (a
+        cooperative launch beyond that fails, so the estimate must not be high; on the H200 it
+        matched the driver's limit exactly, bench/results/h200/session8-probes/probe23.log)."""
+        resident, self._resident = self._resident, None
+        compiled = resident.compile(x, y, ws, sync, *extra)
+        if compiled is None:
+            return
+        per_sm = _common.resident_programs(self.device, compiled.n_regs, compiled.metadata.num_warps,
+                                           compiled.metadata.shared)
+        if self.programs <= per_sm * self.device.sm_count:
+            self.launches, self.mode = [resident], "resident"
 
 
 class CoopFamily(Family):
