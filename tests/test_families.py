@@ -197,6 +197,32 @@ def test_coop_single_launch_is_ticketed_until_a_gpu_says_resident():
     assert hip.mode == "ticketed" and hip._resident is None  # no cooperative launch on AMD here
 
 
+def test_split_second_pass_is_a_dependent_launch_on_sm90_only():
+    """On sm_90+ pass 2 is a programmatic dependent launch (launch_pdl; it waits in-kernel for pass 1);
+    elsewhere, and when PDL=0 is asked for, the two passes are plain launches."""
+    import dataclasses
+
+    from test_dispatch import GFX942, SM90
+
+    from tritonsoftmax.device import INTERPRETER
+    from tritonsoftmax.kernels._common import supports_pdl
+    from tritonsoftmax.layout import matrix_problem
+
+    sm80 = dataclasses.replace(SM90, arch="sm_80")
+    assert supports_pdl(SM90) and not supports_pdl(sm80) and not supports_pdl(GFX942)
+    assert not supports_pdl(INTERPRETER)
+    x = torch.empty(2, 1 << 20)
+    problem = matrix_problem(x, x)
+    on = split.FAMILY.prepare(problem, None, SM90)
+    assert on.pdl and dict(on._second.config.options)["launch_pdl"] == 1
+    assert on._first.config.options == () and on._first.flags["PDL"] == 1 and on._second.flags["PDL"] == 1
+    assert on.config.options == ()  # what the tuner stores stays the plain config
+    for device, flags in ((sm80, None), (GFX942, None), (INTERPRETER, None), (SM90, {"PDL": 0})):
+        off = split.FAMILY.prepare(problem, None, device, flags=flags)
+        assert not off.pdl and off._second.config.options == off.config.options
+        assert off._first.flags["PDL"] == 0 and off._second.flags["PDL"] == 0
+
+
 def test_coop_refuses_more_programs_a_row_than_can_run_together():
     from test_dispatch import SM90
 

@@ -691,6 +691,15 @@ def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> lis
     return out
 
 
+def supports_pdl(device: DeviceInfo) -> bool:
+    """Programmatic dependent launch (a kernel starting while the one before it ends; Triton's
+    ``launch_pdl`` with ``gdc_wait``/``gdc_launch_dependents``): NVIDIA sm_90 and later."""
+    if device.backend != "cuda" or not device.arch.startswith("sm_"):
+        return False
+    digits = "".join(ch for ch in device.arch[3:] if ch.isdigit())
+    return bool(digits) and int(digits) >= 90
+
+
 REG_ALLOC_UNIT = 256  # NVIDIA allocates registers per warp in units of this many
 MAX_PROGRAMS_PER_SM = 32  # NVIDIA's limit on resident blocks per SM (sm_80 .. sm_90)
 SMEM_RESERVED_PER_PROGRAM = 1024  # shared memory the driver keeps per block (sm_80 and later)

@@ -9,9 +9,12 @@ round-trip, and when the rows fit in L2 the second read of each chunk comes from
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
@@ -50,7 +53,7 @@ def _softmax_split_stats_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
@@ -60,8 +63,11 @@ def _softmax_split_stats_kernel(
     chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk. HINTS: L2
     eviction hints (this pass evict_last, pass 2 evict_first; 0 gives plain loads). ALIGN: as in
     the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
-    also takes the head group and chunk G - 1 the tail group.
+    also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
+    programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
     """
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_base, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
@@ -82,14 +88,17 @@ def _softmax_split_write_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
     Arguments as in pass 1; BLOCK_G >= G (power of two); LOG, ZERO_MASKED as in the fused kernel.
     s_r = sum over chunks of s_g * exp(m_g - m_r), an all -inf chunk adding 0. A row of all -inf
     has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first.
+    PDL: launched as a programmatic dependent launch; waits for pass 1 (and its partials) first.
     """
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
@@ -110,13 +119,15 @@ def _softmax_split_bwd_partial_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
     """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest (ALIGN: dy, y and
-    dx in one layout) as in pass 1 of the forward.
+    dx in one layout; PDL) as in pass 1 of the forward.
     """
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
@@ -135,9 +146,12 @@ def _softmax_split_bwd_write_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
-    """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first)."""
+    """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first).
+    PDL as in the forward's pass 2."""
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
@@ -196,8 +210,14 @@ class SplitLaunch:
         if next_power_of_2(chunks(problem.N, meta)) > meta["BLOCK_G"]:
             raise ValueError(f"split config {self.config}: BLOCK_G must be >= the {chunks(problem.N, meta)} chunks "
                              f"of a {problem.N}-element row")
+        flags = dict(flags or {})
+        self.pdl = bool(flags.pop("PDL", True)) and _common.supports_pdl(device)
+        second = self.config
+        if self.pdl:  # pass 2 may start while pass 1 ends; it waits for pass 1 before reading partials
+            second = dataclasses.replace(self.config, options=(*self.config.options, ("launch_pdl", 1)))
+        flags["PDL"] = int(self.pdl)
         self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
-        self._second = PreparedLaunch(passes[1], problem, self.config, device, flags=flags)
+        self._second = PreparedLaunch(passes[1], problem, second, device, flags=flags)
         self._ws_len = words * chunk_grid(problem.M, problem.N, meta, device)[0]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
