@@ -166,3 +166,22 @@ def test_split_dependent_launch_never_reads_stale_partials(M, N):
         dependent(x, got, 1.0)
         assert torch.equal(got, want)
     assert_softmax_close(got, x)
+
+
+def test_coop_refused_cooperative_launch_falls_back_to_tickets(monkeypatch):
+    """Should the occupancy estimate be high (another GPU, another driver), the driver refuses the
+    cooperative launch, nothing runs, and the ticketed launch takes over with the right result."""
+    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.layout import matrix_problem
+
+    monkeypatch.setattr(_common, "resident_programs", lambda *args: 10**6)
+    x = random_input((4096, 65536), torch.float32, DEVICE, seed=3)
+    y = poisoned_like(x)
+    launch = coop.FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags={"LOG": 0, "ZERO_MASKED": 0})
+    launch(x, y, 1.0)
+    assert launch.mode == "ticketed" and "cooperative" in (launch.resident_error or "")
+    assert_softmax_close(y, x)
+    y2 = poisoned_like(x)
+    launch(x, y2, 1.0)
+    assert torch.equal(y, y2)
+    assert coop_counters_ready(x.device, 4096)

@@ -362,6 +362,7 @@ class CoopLaunch:
         self.launches = [PreparedLaunch(family, problem, self.config, device, flags={**flags, "PHASE": p})
                          for p in phases]
         self.mode = "two-phase" if two_phase else "ticketed"
+        self.resident_error: str | None = None
         self._resident = None
         if not two_phase and device.backend == "cuda":
             cooperative = dataclasses.replace(self.config, options=(*self.config.options, COOPERATIVE_LAUNCH))
@@ -374,24 +375,32 @@ class CoopLaunch:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws, sync = scratch(x.device, self.ws_words, self.sync_words)
         if self._resident is not None:
-            self._choose_resident(x, y, ws, sync, extra)
+            self._first_resident_call(x, y, ws, sync, extra)
+            return self.config
         for launch in self.launches:
             launch(x, y, ws, sync, *extra)
         return self.config
 
-    def _choose_resident(self, x: torch.Tensor, y: torch.Tensor, ws: torch.Tensor, sync: torch.Tensor,
-                         extra: tuple) -> None:
+    def _first_resident_call(self, x: torch.Tensor, y: torch.Tensor, ws: torch.Tensor, sync: torch.Tensor,
+                             extra: tuple) -> None:
         """First call on CUDA: the cooperative launch when all programs fit on the GPU at once (a
-        cooperative launch beyond that fails, so the estimate must not be high; on the H200 it
-        matched the driver's limit exactly, bench/results/h200/session8-probes/probe23.log)."""
+        cooperative launch beyond that is refused, so the estimate must not be high; on the H200 it
+        matched the driver's limit exactly, bench/results/h200/session8-probes/probe23.log). Should
+        the driver refuse it anyway (an estimate off on another GPU), nothing ran: the ticketed
+        launch takes over for good, and ``resident_error`` keeps the reason."""
         resident, self._resident = self._resident, None
-        compiled = resident.compile(x, y, ws, sync, *extra)
-        if compiled is None:
-            return
-        per_sm = _common.resident_programs(self.device, compiled.n_regs, compiled.metadata.num_warps,
-                                           compiled.metadata.shared)
-        if self.programs <= per_sm * self.device.sm_count:
-            self.launches, self.mode = [resident], "resident"
+        try:
+            compiled = resident.compile(x, y, ws, sync, *extra)
+            per_sm = 0 if compiled is None else _common.resident_programs(
+                self.device, compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
+            if self.programs <= per_sm * self.device.sm_count:
+                resident(x, y, ws, sync, *extra)
+                self.launches, self.mode = [resident], "resident"
+                return
+        except Exception as e:  # a refused cooperative launch starts nothing; the ticketed one is always valid
+            self.resident_error = f"{type(e).__name__}: {e}"
+        for launch in self.launches:
+            launch(x, y, ws, sync, *extra)
 
 
 class CoopFamily(Family):
