@@ -204,6 +204,23 @@ def test_tuner_command_writes_a_table(tmp_path):
     assert set(entries["fused"]["float32"]) == {512, 1024}
 
 
+def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
+                          "--n", "700", "3", "--m", "4", "--rep-ms", "5", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "N=3 " in run.stdout and "N=700 " in run.stdout and "[2/2]" in run.stdout, run.stdout
+    (table,) = out.rglob("*.yaml")
+    data = yaml.safe_load(table.read_text())
+    assert set(data["entries"]["fused"]["float32"]) == {4, 1024}  # the buckets of 3 and 700
+    assert any("N 3/700" in c for c in data["header"]["covers"])
+    bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--n", "0", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--n" in bad.stderr
+
+
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
     out = tmp_path / "tuned"
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}

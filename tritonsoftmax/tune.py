@@ -6,6 +6,7 @@ and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` l
     python -m tritonsoftmax.tune                                 # what `auto` uses, all dtypes, N = 1 .. 8M
     python -m tritonsoftmax.tune --dtypes float32 --n-max 65536  # a part of it
     python -m tritonsoftmax.tune --families fused online tile    # every family, not only auto's
+    python -m tritonsoftmax.tune --families coop --n 152064 --m 32  # one exact shape (stored under its bucket)
     python -m tritonsoftmax.tune --repo                          # write the checkout's tune_cache/ (to contribute)
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
@@ -34,6 +35,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--n-min", type=int, default=1)
     ap.add_argument("--n-max", type=int, default=8 * 2**20)
+    ap.add_argument("--n", type=int, nargs="+",
+                    help="tune at these exact row lengths instead of the bucket tops of --n-min..--n-max; each "
+                         "entry is stored under its N bucket (for shapes where a bucket's top does not stand for "
+                         "it, e.g. coop with few rows: 32x152064 against 32x262144)")
     ap.add_argument("--m", type=int, nargs="+", default=[4096],
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
@@ -122,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     timer = _timer(args.rep_ms)
 
-    buckets = [b for b in (2**k for k in range(0, 31)) if n_bucket(args.n_min) <= b <= args.n_max]
+    if args.n and min(args.n) < 1:
+        print("error: --n takes row lengths >= 1", file=sys.stderr)
+        return 2
+    lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
+                                                   if n_bucket(args.n_min) <= b <= args.n_max]
     jobs = []
     for dname in args.dtypes:
-        for N in buckets:
+        for N in lengths:
             for m in args.m:
                 M = max(1, min(m, args.max_elements // N))
                 auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward).impl
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 jobs += [(f, dname, N, M) for f in names if not (f == "fused" and N > 65536)]
     jobs = list(dict.fromkeys(jobs))
     covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
-              f"N {buckets[0]}..{buckets[-1]}; "
+              f"N {'/'.join(map(str, lengths)) if args.n else f'{lengths[0]}..{lengths[-1]}'}; "
               f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})")
     print(f"tuning {len(jobs)} shapes on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
