@@ -21,6 +21,9 @@ import torch
 _INT32_MAX = 2**31 - 1
 
 
+ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
+
+
 @dataclass(frozen=True)
 class RowStrides:
     """Element strides of one tensor seen as rows: outer-row, inner-row and column strides."""
@@ -43,7 +46,7 @@ class RowProblem:
     def rows_aligned(self, *element_sizes: int) -> bool:
         """Whether every row of input and output starts on a 16-byte boundary (given aligned base
         pointers) and runs along unit-stride columns: the layout in which loads are 16 bytes wide."""
-        return all(t.col == 1 and (t.outer * size) % 16 == 0 and (t.inner * size) % 16 == 0
+        return all(t.col == 1 and (t.outer * size) % ALIGN_BYTES == 0 and (t.inner * size) % ALIGN_BYTES == 0
                    for t in (self.x, self.y) for size in element_sizes)
 
     def kernel_args(self) -> tuple[int, ...]:

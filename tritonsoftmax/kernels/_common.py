@@ -35,7 +35,20 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, save_tuning_enabled
 from ..device import DeviceInfo, device_info, interpreter_active
-from ..layout import RowProblem, matrix_problem
+from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a triton built without its NVIDIA backend (ROCm): PDL is never on there (supports_pdl)
+    @triton.jit
+    def gdc_wait():
+        """Stand-in: the PDL branches that call it are compiled out (PDL = 0) off NVIDIA."""
+        tl.static_assert(False, "programmatic dependent launch needs triton's NVIDIA backend")
+
+    @triton.jit
+    def gdc_launch_dependents():
+        """Stand-in, as gdc_wait."""
+        tl.static_assert(False, "programmatic dependent launch needs triton's NVIDIA backend")
 
 
 @triton.jit
@@ -470,7 +483,6 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
 # warning about the coming change (which fires on any compile that leaves it unset).
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
-ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
 # Shorter rows keep plain masked loads: H200 fp32 4096x1023 (fused, 4 rows a program) 2414 GB/s
 # plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/session6-probes/probe15.log).
 ALIGN_MIN_N = 2048
@@ -537,8 +549,7 @@ class PreparedLaunch:
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
-        if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
-            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
+        self._set_align(x, y)
         if self.config is None:
             return self._autotune(x, y, extra)
         try:
@@ -556,10 +567,8 @@ class PreparedLaunch:
         """Compile (without launching) what the first call with these arguments would launch, and
         load it on the device; returns Triton's CompiledKernel (n_regs, metadata), or None under
         the interpreter. Needs a config. The first call then finds it in Triton's cache."""
-        if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
-            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
-        kwargs = self.config.launch_kwargs()
-        grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
+        self._set_align(x, y)
+        kwargs, grid = self._kwargs_grid()
         compiled = self.family.kernel.warmup(x, y, *extra, *self.tail, grid=grid, **kwargs, **self.flags,
                                              **COMPILE_OPTIONS)
         if not hasattr(compiled, "packed_metadata"):
@@ -567,9 +576,18 @@ class PreparedLaunch:
         compiled._init_handles()  # fills n_regs (triton 3.6-3.9)
         return compiled
 
-    def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
+    def _set_align(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Kernels with an ALIGN parameter get it from row_align, once."""
+        if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
+            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
+
+    def _kwargs_grid(self) -> tuple[dict[str, int], tuple]:
+        """The config's launch keyword arguments and the grid they give."""
         kwargs = self.config.launch_kwargs()
-        grid = self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
+        return kwargs, self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
+
+    def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
+        kwargs, grid = self._kwargs_grid()
         compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags, **COMPILE_OPTIONS)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             self._compiled = compiled  # kept for diagnostics (registers, spills)

@@ -364,11 +364,14 @@ class CoopLaunch:
         self.mode = "two-phase" if two_phase else "ticketed"
         self.resident_error: str | None = None
         self._resident = None
-        if not two_phase and device.backend == "cuda":
+        self.programs = problem.M * g
+        # What threads and the block limit alone allow (registers only lower it): beyond that the
+        # cooperative variant is not even compiled (many rows, e.g. 4096 x G programs).
+        at_most = _common.resident_programs(device, 1, self.config.num_warps, 0) * device.sm_count
+        if not two_phase and device.backend == "cuda" and self.programs <= at_most:
             cooperative = dataclasses.replace(self.config, options=(*self.config.options, COOPERATIVE_LAUNCH))
             self._resident = PreparedLaunch(family, problem, cooperative, device,
                                             flags={**flags, "PHASE": 0, "RESIDENT": 1})
-        self.programs = problem.M * g
         self.ws_words = family.words * self.programs
         self.sync_words = 1 + problem.M
 

@@ -14,7 +14,6 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
@@ -31,6 +30,8 @@ from ._common import (
     edges_grad_write,
     edges_max_sum,
     edges_write,
+    gdc_launch_dependents,
+    gdc_wait,
     row_bases,
     sum_partials,
     tiles_grad_sum,
