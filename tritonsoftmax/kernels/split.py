@@ -20,6 +20,7 @@ from ..device import DeviceInfo
 from ..layout import RowProblem
 from . import _common
 from ._common import (
+    DROP,
     Family,
     PreparedLaunch,
     chunk_grid,
@@ -30,10 +31,15 @@ from ._common import (
     edges_grad_write,
     edges_max_sum,
     edges_write,
+    finish,
     gdc_launch_dependents,
     gdc_wait,
+    grad_input,
+    load_f32,
+    load_scaled,
     row_bases,
     sum_partials,
+    tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -43,7 +49,7 @@ from ._common import (
 IMPL = "split"
 PROGRAMS_PER_SM = 8  # aim for this many programs per SM across all rows
 MAX_CHUNKS = 1024  # partials one program combines (BLOCK_G)
-BLOCKS = (1024, 2048, 4096)
+BLOCKS = (1024, 2048, 4096, 8192)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -95,22 +101,31 @@ def _softmax_split_write_kernel(
 
     Arguments as in pass 1; BLOCK_G >= G (power of two); LOG, ZERO_MASKED as in the fused kernel.
     s_r = sum over chunks of s_g * exp(m_g - m_r), an all -inf chunk adding 0. A row of all -inf
-    has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first.
-    PDL: launched as a programmatic dependent launch; waits for pass 1 (and its partials) first.
+    has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first;
+    a one-tile chunk (TILES == 1) is loaded before the partials are read (and, with PDL, before
+    waiting for pass 1). PDL: launched as a programmatic dependent launch; it waits for pass 1 (and
+    its partials) before reading them.
     """
-    if PDL:
-        gdc_wait()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
     y_row = y_ptr + y_base
+    if TILES == 1:  # x does not depend on pass 1: its one tile is in flight while pass 1 ends
+        cols = g * BLOCK + tl.arange(0, BLOCK)
+        mask = tile_mask(cols, N, lo, hi, ALIGN)
+        z = load_scaled(x_row + cols * stride_x_col, mask, scale, DROP * HINTS)
+    if PDL:
+        gdc_wait()
+    m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
     if ALIGN > 1:
         edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, LOG, ZERO_MASKED, ALIGN)
-    tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, lo, hi, LOG,
-                ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
+    if TILES == 1:
+        tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_row.dtype.element_ty), mask=mask)
+    else:
+        tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, lo, hi, LOG,
+                    ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -149,20 +164,28 @@ def _softmax_split_bwd_write_kernel(
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
 ):
-    """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first).
-    PDL as in the forward's pass 2."""
-    if PDL:
-        gdc_wait()
+    """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
+    one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2."""
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)
     d_row = dx_ptr + d_base
+    if TILES == 1:  # as in the forward's pass 2: dy and y of a one-tile chunk are loaded first
+        cols = g * BLOCK + tl.arange(0, BLOCK)
+        mask = tile_mask(cols, N, lo, hi, ALIGN)
+        dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
+        y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
+    if PDL:
+        gdc_wait()
+    red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
     if ALIGN > 1:
         edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, g == 0, g == G - 1, LOG, ALIGN)
-    tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N, lo,
-                     hi, LOG, BLOCK, TILES, HINTS, ALIGN)
+    if TILES == 1:
+        tl.store(d_row + cols * stride_d_col, grad_input(dy, y, red, scale, LOG).to(d_row.dtype.element_ty), mask=mask)
+    else:
+        tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N,
+                         lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN)
 
 
 def _shape_config(device: DeviceInfo, M: int, N: int, block: int, num_warps: int) -> LaunchConfig:

@@ -57,17 +57,24 @@ def _softmax_tile_fwd_kernel(
         tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
-    out = []
-    for block in BLOCKS:
-        if block > max(BLOCKS[0], next_power_of_2(N)) or (block == BLOCKS[0] and N > BLOCKS[0]):
-            continue
-        # No num_stages variants: a bare `range` loop is never software-pipelined, whatever the
-        # launch's num_stages (same PTX for 1..3 with triton 3.9; same speed on the H200 with 3.6,
-        # bench/NOTES.md, session 5), so they only doubled the tuning time.
-        for nw in _common.warp_choices(device, block):
-            out.append(LaunchConfig.make(nw, BLOCK=block))
-    return _common.with_backend_options(device, out)
+def configs_over(blocks: tuple[int, ...]):
+    """The search space of a family that walks rows in tiles of one of ``blocks``: each tile width
+    up to the row's power of two (the smallest only for rows that fit it) x warp_choices."""
+    def configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+        out = []
+        for block in blocks:
+            if block > max(blocks[0], next_power_of_2(N)) or (block == blocks[0] and N > blocks[0]):
+                continue
+            # No num_stages variants: a bare `range` loop is never software-pipelined, whatever the
+            # launch's num_stages (same PTX for 1..3 with triton 3.9; same speed on the H200 with 3.6,
+            # bench/NOTES.md, session 5), so they only doubled the tuning time.
+            for nw in _common.warp_choices(device, block):
+                out.append(LaunchConfig.make(nw, BLOCK=block))
+        return _common.with_backend_options(device, out)
+    return configs
+
+
+_configs = configs_over(BLOCKS)
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
