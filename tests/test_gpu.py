@@ -6,6 +6,7 @@ from conftest import DEVICE
 from softmax_ref import TOL, assert_softmax_close, coop_counters_ready, poisoned_like, random_input
 
 import tritonsoftmax
+from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import FAMILY_NAMES, coop, fused, online, split, tile
 
@@ -58,8 +59,6 @@ def test_autotuner_runs_and_picks_a_config_from_the_search_space(monkeypatch):
     assert fused.launch(x, y) is None, "with autotuning on, the autotuner chooses"
     assert_softmax_close(y, x)
     info = device_info(x.device)
-    from tritonsoftmax.config import LaunchConfig
-
     best = LaunchConfig.from_triton(fused.FAMILY.autotuned(info).best_config)
     assert best in fused.FAMILY.configs(info, 4096, 1000)
 
@@ -142,19 +141,26 @@ def test_compiles_say_their_fp_fusion():
     assert "FP_FUSION" not in done.stderr, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("M,N", [(1, 8388608), (4, 1048576), (3, 300007)])
-def test_split_dependent_launch_never_reads_stale_partials(M, N):
+@pytest.mark.parametrize("M,N,config,tiles", [
+    (1, 8388608, None, 2),
+    (1, 8388608, LaunchConfig.make(8, BLOCK=8192, TILES=1, BLOCK_G=1024), 1),  # the H200 table's
+    (4, 1048576, None, 1),
+    (3, 300007, None, 1),
+])
+def test_split_dependent_launch_never_reads_stale_partials(M, N, config, tiles):
     """Pass 2 starts before pass 1 ends (PDL) and must wait for its partials: with the input changed
-    before each launch, every result equals the two plain launches' result, element for element."""
+    before each launch, every result equals the two plain launches' result, element for element.
+    With one-tile chunks pass 2 loads its tile before it waits; with two, after."""
     from tritonsoftmax.layout import matrix_problem
 
     xs = [random_input((M, N), torch.float32, DEVICE, seed=s) for s in (1, 2)]
     x = xs[0].clone()
     info = device_info(x.device)
     flags = {"LOG": 0, "ZERO_MASKED": 0}
-    plain = split.FAMILY.prepare(matrix_problem(x, x), None, info, flags={**flags, "PDL": 0})
-    dependent = split.FAMILY.prepare(matrix_problem(x, x), None, info, flags=flags)
+    plain = split.FAMILY.prepare(matrix_problem(x, x), config, info, flags={**flags, "PDL": 0})
+    dependent = split.FAMILY.prepare(matrix_problem(x, x), config, info, flags=flags)
     assert dependent.pdl, "sm_90+ runs pass 2 as a dependent launch"
+    assert dependent.config["TILES"] == tiles
     junk = poisoned_like(x)
     for i in range(10):
         x.copy_(xs[i % 2])

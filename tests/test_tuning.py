@@ -46,6 +46,18 @@ def test_round_trip_and_buckets(user_table):
     assert tuning.lookup(SM90, "online", torch.float32, 2048, 4096) is None  # another family
 
 
+def test_hand_edited_covers_line_stays_text(user_table):
+    """A covers line edited by hand with ": " in it reads back as a mapping; the next record keeps
+    it as "key: value" text, never a Python dict repr."""
+    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="first")
+    text = path.read_text().replace("covers: [first]", "covers: [coop; N 262144; M 32: entries removed, first]")
+    path.write_text(text)
+    assert isinstance(yaml.safe_load(text)["header"]["covers"][0], dict)
+    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 4096, CFG, 0.02)], covers="second")
+    covers = yaml.safe_load(path.read_text())["header"]["covers"]
+    assert covers == ["coop; N 262144; M 32: entries removed", "first", "second"]
+
+
 def test_nearest_m_bucket_wins(user_table):
     small = LaunchConfig.make(2, BLOCK_N=2048, ROWS=1)
     tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4, small, 0.01),

@@ -180,6 +180,14 @@ def header(device: DeviceInfo, covers: list[str]) -> dict:
             "date": datetime.date.today().isoformat(), "covers": covers}
 
 
+def _cover_text(item) -> str:
+    """One ``covers`` line as text: a hand-edited line with ": " in it reads back from YAML as a
+    mapping, kept as "key: value" (not as a Python dict's repr)."""
+    if isinstance(item, dict):
+        return ", ".join(f"{k}: {v}" for k, v in item.items())
+    return str(item)
+
+
 def record(root: Path, device: DeviceInfo,
            results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "") -> Path:
     """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``.
@@ -206,7 +214,7 @@ def record(root: Path, device: DeviceInfo,
             slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
                                  "triton": triton.__version__}
         parts = (doc.get("header") or {}).get("covers") or []
-        parts = [str(p) for p in (parts if isinstance(parts, list) else [parts])]
+        parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
         if covers and covers not in parts:
             parts.append(covers)
         new = {"schema": SCHEMA, "header": header(device, parts), "entries": entries}
