@@ -38,6 +38,7 @@ from ._common import (
     load_f32,
     load_scaled,
     row_bases,
+    store_out,
     sum_partials,
     tile_mask,
     tiles_grad_sum,
@@ -122,7 +123,7 @@ def _softmax_split_write_kernel(
     if ALIGN > 1:
         edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, LOG, ZERO_MASKED, ALIGN)
     if TILES == 1:
-        tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_row.dtype.element_ty), mask=mask)
+        store_out(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED), mask, DROP * HINTS)
     else:
         tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, lo, hi, LOG,
                     ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
@@ -182,7 +183,7 @@ def _softmax_split_bwd_write_kernel(
     if ALIGN > 1:
         edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, g == 0, g == G - 1, LOG, ALIGN)
     if TILES == 1:
-        tl.store(d_row + cols * stride_d_col, grad_input(dy, y, red, scale, LOG).to(d_row.dtype.element_ty), mask=mask)
+        store_out(d_row + cols * stride_d_col, grad_input(dy, y, red, scale, LOG), mask, DROP * HINTS)
     else:
         tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N,
                          lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN)

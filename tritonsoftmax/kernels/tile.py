@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -57,7 +59,7 @@ def _softmax_tile_fwd_kernel(
         tl.store(y_row + cols * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def configs_over(blocks: tuple[int, ...]):
+def configs_over(blocks: tuple[int, ...]) -> Callable[[DeviceInfo, int, int], list[LaunchConfig]]:
     """The search space of a family that walks rows in tiles of one of ``blocks``: each tile width
     up to the row's power of two (the smallest only for rows that fit it) x warp_choices."""
     def configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
