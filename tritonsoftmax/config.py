@@ -66,6 +66,10 @@ class LaunchConfig:
     def __getitem__(self, name: str) -> int:
         return dict(self.meta)[name]
 
+    def with_options(self, **options: int) -> LaunchConfig:
+        """The same config with these launch options added (or replaced), kept sorted as make() keeps them."""
+        return LaunchConfig.make(self.num_warps, self.num_stages, {**dict(self.options), **options}, **dict(self.meta))
+
     def launch_kwargs(self) -> dict[str, int]:
         """Keyword arguments for ``kernel[grid](..., **kwargs)``."""
         return {**dict(self.meta), **dict(self.options), "num_warps": self.num_warps,

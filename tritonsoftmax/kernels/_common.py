@@ -715,7 +715,7 @@ def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> lis
     out = list(configs)
     for c in configs:
         for waves in (1, 2):
-            out.append(LaunchConfig(c.meta, c.num_warps, c.num_stages, (("waves_per_eu", waves),)))
+            out.append(c.with_options(waves_per_eu=waves))
     return out
 
 

@@ -28,8 +28,6 @@ single launch.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -68,7 +66,7 @@ from ._common import (
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 NEG_INF = tl.constexpr(float("-inf"))
-COOPERATIVE_LAUNCH = ("launch_cooperative_grid", 1)  # CUDA launch option: every program resident at once
+COOPERATIVE_LAUNCH = {"launch_cooperative_grid": 1}  # CUDA launch option: every program resident at once
 ROUND = tl.constexpr(1 << 20)  # what one launch adds to a row counter; divides 2**32, far above any G
 
 
@@ -369,7 +367,7 @@ class CoopLaunch:
         # cooperative variant is not even compiled (many rows, e.g. 4096 x G programs).
         at_most = _common.resident_programs(device, 1, self.config.num_warps, 0) * device.sm_count
         if not two_phase and device.backend == "cuda" and self.programs <= at_most:
-            cooperative = dataclasses.replace(self.config, options=(*self.config.options, COOPERATIVE_LAUNCH))
+            cooperative = self.config.with_options(**COOPERATIVE_LAUNCH)
             self._resident = PreparedLaunch(family, problem, cooperative, device,
                                             flags={**flags, "PHASE": 0, "RESIDENT": 1})
         self.ws_words = family.words * self.programs

@@ -9,8 +9,6 @@ round-trip, and when the rows fit in L2 the second read of each chunk comes from
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -239,7 +237,7 @@ class SplitLaunch:
         self.pdl = bool(flags.pop("PDL", True)) and _common.supports_pdl(device)
         second = self.config
         if self.pdl:  # pass 2 may start while pass 1 ends; it waits for pass 1 before reading partials
-            second = dataclasses.replace(self.config, options=(*self.config.options, ("launch_pdl", 1)))
+            second = self.config.with_options(launch_pdl=1)
         flags["PDL"] = int(self.pdl)
         self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
         self._second = PreparedLaunch(passes[1], problem, second, device, flags=flags)
