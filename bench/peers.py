@@ -18,12 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-OURS = ("auto", "fused", "tile", "online", "split", "coop")
+OURS = ("auto", "fused", "tile", "online", "split", "coop", "smem")
 REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
 PEERS = ("torch", "compile", "tutorial", "naive", "liger", "flaggems", "quack")
 ALL = OURS + REFERENCE + PEERS
 LABELS = {"auto": "tritonsoftmax", "fused": "ts-fused", "tile": "ts-tile", "online": "ts-online", "split": "ts-split",
-          "coop": "ts-coop",
+          "coop": "ts-coop", "smem": "ts-smem",
           "copy": "copy",
           "torch": "torch.softmax", "compile": "torch.compile", "tutorial": "Triton tutorial", "naive": "naive torch",
           "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK"}
@@ -175,6 +175,8 @@ def prepare(name: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
 
         if name == "fused" and x.shape[1] > 65536:
             raise Unavailable("fused holds the whole row on chip (N > 65536)")
+        if name == "smem" and not x.is_cuda:
+            raise Unavailable("smem is a Gluon kernel: NVIDIA GPUs only, no interpreter")
         return lambda: tritonsoftmax.softmax(x, impl=name)
     if name == "copy":
         y = torch.empty_like(x)

@@ -49,9 +49,9 @@ def test_dispatch_on_amd_uses_the_register_file_and_cu_count():
     assert dispatch.choose(4096, 32768, torch.float32, GFX942, backward=True).impl == "fused"  # 128K registers
     assert dispatch.choose(4096, 32768, torch.float32, SM90, backward=True).impl == "coop"
     assert dispatch.choose(4096, 65536, torch.float32, GFX942).impl == "fused"
-    assert dispatch.choose(4096, 65536, torch.float32, SM90).impl == "coop"
+    assert dispatch.choose(4096, 65536, torch.float32, SM90).impl == "smem"
     assert dispatch.choose(300, 65536, torch.float32, GFX942).impl == "split"  # 304 CUs: 300 rows is few
-    assert dispatch.choose(300, 65536, torch.float32, SM90).impl == "coop"
+    assert dispatch.choose(300, 65536, torch.float32, SM90).impl == "smem"
     assert dispatch.choose(300, 65536, torch.bfloat16, GFX942, backward=True).impl == "split"
 
 

@@ -29,9 +29,9 @@ def test_fused_capacity_follows_register_file():
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (16384, "fused", "fused", "fused", "fused"), (16385, "fused", "fused", "coop", "fused"),
     (32768, "fused", "fused", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
-    (65536, "coop", "online", "coop", "coop"), (65537, "coop", "coop", "coop", "coop"),
-    (262144, "coop", "coop", "coop", "coop"), (2**20, "coop", "coop", "coop", "coop"),
-    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "online", "online", "online", "online"),
+    (65536, "smem", "smem", "coop", "coop"), (65537, "coop", "coop", "coop", "coop"),
+    (262144, "smem", "smem", "coop", "coop"), (2**20, "smem", "smem", "coop", "coop"),
+    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "online", "online"),
     (8388608, "online", "online", "online", "online")])
 def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -59,15 +59,17 @@ def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_
         assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
         assert dispatch.choose(M, N, torch.bfloat16, SM90, backward).impl == bf16
         assert dispatch.choose(M, N, torch.float16, SM90, backward).impl == bf16
-    assert dispatch.choose(264, 131072, torch.bfloat16, SM90).impl == "coop", "264 rows fill the H200's 132 SMs"
-    assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "online", "many 16-bit rows of 64K"
+    assert dispatch.choose(264, 131072, torch.bfloat16, SM90).impl == "smem", "264 rows fill the H200's 132 SMs"
+    assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "smem", "many 16-bit rows of 64K"
+    assert dispatch.choose(264, 65536, torch.bfloat16, SM90, aligned=False).impl == "online"
+    assert dispatch.choose(264, 131072, torch.bfloat16, SM90, aligned=False).impl == "coop"
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)
 def test_cooperative_kernels_are_not_picked_on_amd(device):
     for M, N in [(1, 131072), (4, 1048576), (4096, 65536), (4096, 262144)]:
         for backward in (False, True):
-            assert dispatch.choose(M, N, torch.float32, device, backward).impl != "coop"
+            assert dispatch.choose(M, N, torch.float32, device, backward).impl not in ("coop", "smem")
 
 
 def test_every_rule_says_why():

@@ -30,7 +30,7 @@ def main() -> int:
     import tritonsoftmax
     from tritonsoftmax import dispatch
     from tritonsoftmax.device import device_info
-    from tritonsoftmax.kernels import FAMILY_NAMES
+    from tritonsoftmax.kernels import FAMILY_NAMES, GLUON_FAMILY_NAMES, gluon_available
 
     dev = torch.device("cuda" if on_gpu else "cpu")
     info = device_info(dev)
@@ -48,7 +48,8 @@ def main() -> int:
     shapes = SHAPES + (GPU_SHAPES if on_gpu else [])
     failures = 0
     gen = torch.Generator().manual_seed(0)
-    for impl in ("auto",) + FAMILY_NAMES:
+    gluon = GLUON_FAMILY_NAMES if on_gpu and info.sm_version >= 80 and gluon_available() else ()
+    for impl in ("auto",) + FAMILY_NAMES + gluon:
         for dtype in dtypes:
             for M, N in shapes:
                 if impl == "fused" and N > 65536:

@@ -43,6 +43,12 @@ class DeviceInfo:
         return self.backend == "hip"
 
     @property
+    def sm_version(self) -> int:
+        """NVIDIA compute capability as one number ("sm_90a" -> 90); 0 off NVIDIA."""
+        digits = "".join(ch for ch in self.arch[3:] if ch.isdigit()) if self.arch.startswith("sm_") else ""
+        return int(digits) if self.backend == "cuda" and digits else 0
+
+    @property
     def slug(self) -> str:
         """Short name for result folders: "NVIDIA H200" -> "h200"."""
         return gpu_slug(self.name)

@@ -15,9 +15,10 @@ import torch
 from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
-from .kernels import FAMILY_NAMES, backward_family, family
+from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
+from .layout import ALIGN_BYTES
 
-IMPLS = ("auto",) + FAMILY_NAMES
+IMPLS = ("auto",) + ALL_FAMILY_NAMES
 
 # A fused row lives in registers (fp32, whatever the input dtype). Leaving room for this many
 # programs per SM keeps enough loads in flight; with 64K registers per SM it allows rows up to
@@ -68,6 +69,16 @@ ONLINE_16BIT_MAX_N = 65536
 # online 2686/3094 against fused 2116/2878, fp16 2829/3180 against 2248/3030 (fp32 stays fused:
 # 32767 3996 against online 3240).
 OFF_ALIGN_ONLINE_BUCKET = 32768
+# Many rows longer than this go to the smem family (coop's launch, each chunk held in shared memory
+# in the input dtype) when their layout lets it copy 16-byte vectors (smem_takes). H200, session 10
+# (bench/results/h200/session10-probes/probe37.log, one process, GB/s, smem against the rule before it):
+# bf16 4096x65536 3612 against online's 3170, 4096x262144 3620 against coop's 2889, 4096x50176 3079
+# against online's 2965, 264x65536 2494 against online's 2220; fp32 4096x65536 3963 against coop's 3818,
+# 264x65536 3114 against 2950 (fp32 4096x50176 a tie, 3732/3732). At 32768 rows stay fused (probe35:
+# bf16 4096x32768 fused 3561, the shared-memory kernel 3529 before its arithmetic was cut).
+SMEM_MIN_N = 32768
+# cp.async, which the smem kernel copies with, came with sm_80.
+SMEM_MIN_SM = 80
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -105,6 +116,18 @@ def coop_fits_at_once(s: Shape) -> bool:
     return coop_single_read(s) and s.M * s.N <= s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
 
 
+def smem_takes(s: Shape) -> bool:
+    """The smem family can take these rows: NVIDIA sm_80+, a triton with Gluon, rows on 16-byte
+    boundaries along unit-stride columns (``aligned``), N a whole number of 16-byte vectors, and a
+    row short enough for one chunk per SM (kernels/smem.max_row)."""
+    if not (s.aligned and s.device.sm_version >= SMEM_MIN_SM and s.N % (ALIGN_BYTES // s.dtype.itemsize) == 0
+            and gluon_available()):
+        return False
+    from .kernels import smem
+
+    return n_bucket(s.N) <= smem.max_row(s.device)
+
+
 @dataclass(frozen=True)
 class Rule:
     impl: str
@@ -131,6 +154,8 @@ RULES: tuple[Rule, ...] = (
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
+    Rule("smem", "many long rows on 16-byte boundaries (forward): one cooperative launch, each chunk held in "
+         "shared memory in the input dtype", lambda s: not s.backward and s.N > SMEM_MIN_N and smem_takes(s)),
     Rule("online", "many 16-bit rows of up to 64K (forward): the second read mostly hits L2, ahead of coop",
          lambda s: s.dtype.itemsize <= 2 and not s.backward and not few_rows(s)
          and n_bucket(s.N) <= ONLINE_16BIT_MAX_N),

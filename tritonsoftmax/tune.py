@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import dispatch, tuning
     from .config import n_bucket
     from .device import device_info, interpreter_active
-    from .kernels import FAMILY_NAMES, backward_family, family
+    from .kernels import ALL_FAMILY_NAMES, backward_family, family
 
     if torch.cuda.is_available():
         dev = torch.device("cuda")
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     info = device_info(dev)
     for name in args.families:
-        if name != "auto" and name not in FAMILY_NAMES:
-            print(f"error: unknown family {name!r}; choose auto or {', '.join(FAMILY_NAMES)}", file=sys.stderr)
+        if name != "auto" and name not in ALL_FAMILY_NAMES:
+            print(f"error: unknown family {name!r}; choose auto or {', '.join(ALL_FAMILY_NAMES)}", file=sys.stderr)
             return 2
     root = tuning.repo_dir() if args.repo else (args.out or tuning.user_dir())
     if root is None:

@@ -6,13 +6,20 @@ the Triton interpreter on before any ``@triton.jit`` kernel is defined.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 FAMILY_NAMES = ("fused", "tile", "online", "split", "coop")
+# Families written in Gluon (Triton's explicit-layout dialect): NVIDIA only, no interpreter, so they
+# are kept apart from the families every test runs on the CPU.
+GLUON_FAMILY_NAMES = ("smem",)
+ALL_FAMILY_NAMES = FAMILY_NAMES + GLUON_FAMILY_NAMES
 
 _loaded: dict = {}
 # The backward of each forward family: tile's is online's (both are the two-pass looped kernel).
-_BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split", "coop": "coop"}
+# smem's is coop's.
+_BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split", "coop": "coop",
+                    "smem": "coop"}
 
 
 def family(name: str):
@@ -28,8 +35,18 @@ def backward_family(name: str):
 def _load(key: str, name: str, attr: str):
     fam = _loaded.get(key)
     if fam is None:
-        if name not in FAMILY_NAMES:
-            raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(FAMILY_NAMES)}")
+        if name not in ALL_FAMILY_NAMES:
+            raise ValueError(f"unknown kernel family {name!r}; choose from {', '.join(ALL_FAMILY_NAMES)}")
         fam = getattr(importlib.import_module(f"{__name__}.{name}"), attr)
         _loaded[key] = fam
     return fam
+
+
+@functools.cache
+def gluon_available() -> bool:
+    """Whether this triton can build the Gluon families (Gluon with its NVIDIA backend)."""
+    try:
+        family("smem")
+    except ImportError:
+        return False
+    return True

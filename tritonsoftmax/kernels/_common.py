@@ -722,10 +722,7 @@ def with_backend_options(device: DeviceInfo, configs: list[LaunchConfig]) -> lis
 def supports_pdl(device: DeviceInfo) -> bool:
     """Programmatic dependent launch (a kernel starting while the one before it ends; Triton's
     ``launch_pdl`` with ``gdc_wait``/``gdc_launch_dependents``): NVIDIA sm_90 and later."""
-    if device.backend != "cuda" or not device.arch.startswith("sm_"):
-        return False
-    digits = "".join(ch for ch in device.arch[3:] if ch.isdigit())
-    return bool(digits) and int(digits) >= 90
+    return device.sm_version >= 90
 
 
 REG_ALLOC_UNIT = 256  # NVIDIA allocates registers per warp in units of this many

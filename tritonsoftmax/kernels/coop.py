@@ -100,7 +100,7 @@ def row_barrier(count_ptr, G, chunk):
     while seen - base < G:
         seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
-    tl.atomic_add(count_ptr, tl.full([], ROUND, tl.int32) - G, mask=chunk == 0, sem="relaxed")
+    tl.atomic_add(count_ptr, ROUND - G, mask=chunk == 0, sem="relaxed")
 
 
 @triton.jit
@@ -406,12 +406,13 @@ class CoopLaunch:
 
 class CoopFamily(Family):
     """A coop family as the dispatcher sees it: ``prepare`` gives a :class:`CoopLaunch`.
-    ``words``: workspace floats per program (2 forward, 1 backward)."""
+    ``words``: workspace floats per program (2 forward, 1 backward); ``configs``: the search space
+    (coop's unless another kernel with coop's launch, smem, brings its own)."""
 
     grid_from_m = True
 
-    def __init__(self, name: str, kernel, heuristic, words: int):
-        super().__init__(name, kernel, _configs, heuristic, chunk_grid)
+    def __init__(self, name: str, kernel, heuristic, words: int, configs=_configs):
+        super().__init__(name, kernel, configs, heuristic, chunk_grid)
         self.words = words
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,

@@ -1,0 +1,236 @@
+"""The smem family (a Gluon kernel): compiled for sm_90 on any machine, run on the GPU only.
+
+Gluon has no interpreter, so the CPU part compiles the kernel for sm_90 with the installed triton
+and checks what the compiler made of it (16-byte copies into shared memory, 16-byte stores, no
+spills), plus the dispatcher's rule and the launch's checks. The gpu-marked part runs it."""
+
+import re
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_GPU
+from softmax_ref import TOL, assert_softmax_close, coop_counters_ready, poisoned_like, random_input
+
+import tritonsoftmax
+from tritonsoftmax import dispatch
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import DeviceInfo, device_info
+from tritonsoftmax.kernels import coop, gluon_available
+from tritonsoftmax.layout import matrix_problem
+
+pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
+SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
+SM75 = DeviceInfo("cuda", "sm_75", "NVIDIA T4", 32, 40, 65536, 65536, 4 * 2**20)
+GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072, 4 * 2**20)
+FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
+
+
+def smem():
+    from tritonsoftmax.kernels import smem as module
+
+    return module
+
+
+CASES = [(dt, dt, flags) for dt in ("bf16", "fp16", "fp32")
+         for flags in ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1})]
+CASES.append(("bf16", "fp32", {}))
+
+
+@pytest.fixture(scope="module")
+def compiled_sm90() -> dict:
+    """Every case of CASES compiled for sm_90 by tests/smem_compile.py, in one process of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    config = smem()._heuristic(SM90, 4096, 65536)
+    cases = [[dt, out, dict(config.meta), config.num_warps, flags] for dt, out, flags in CASES]
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, os.path.join(here, "smem_compile.py"), json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    found = {(dt, out, json.dumps(flags)): r for (dt, out, flags), r in zip(CASES, results, strict=True)}
+    return {"config": config, **found}
+
+
+@pytest.mark.parametrize("dtype,bits", [("bf16", 16), ("fp16", 16), ("fp32", 32)])
+@pytest.mark.parametrize("flags", [{}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}],
+                         ids=["softmax", "log", "phase1", "phase2", "resident"])
+def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bits, flags):
+    import json
+
+    config = compiled_sm90["config"]
+    compiled = compiled_sm90[(dtype, dtype, json.dumps(flags))]
+    ptx = compiled["ptx"]
+    threads = config.num_warps * 32
+    vectors = config["TILES"] * config["BLOCK"] * bits // 128 // threads  # 16-byte vectors a thread holds
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)) == vectors
+    assert not re.search(r"cp\.async\.ca", ptx), "every copy 16 bytes wide (cp.async.cg)"
+    assert compiled["shared"] >= config["TILES"] * config["BLOCK"] * bits // 8
+    stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
+    assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte output stores"
+    assert ("atom.global" in ptx) == (flags.get("PHASE", 0) == 0), "the row barrier only in the single launch"
+
+
+def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
+    config = compiled_sm90["config"]
+    ptx = compiled_sm90[("bf16", "fp32", "{}")]["ptx"]
+    per_thread = config["TILES"] * config["BLOCK"] // (config.num_warps * 32)
+    assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == per_thread // 4
+
+
+def test_every_config_fits_and_covers_its_bucket():
+    mod = smem()
+    for N in (32769, 65536, 131072, 262144, 1048576, mod.max_row(SM90)):
+        for config in mod._configs(SM90, 4096, N):
+            chunk = config["TILES"] * config["BLOCK"]
+            assert chunk <= mod.max_chunk_elements(SM90)
+            g = -(-N // chunk)
+            assert g <= SM90.sm_count and config["BLOCK_G"] >= g, (N, config)
+        h = mod._heuristic(SM90, 4096, N)
+        assert h["TILES"] * h["BLOCK"] <= mod.max_chunk_elements(SM90)
+
+
+def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for N in (32776, 50176, 65536, 262144, 2**20):
+            assert dispatch.choose(4096, N, dtype, SM90).impl == "smem", (dtype, N)
+        assert dispatch.choose(4096, 32768, dtype, SM90).impl == "fused", "32K rows stay fused"
+        assert dispatch.choose(4096, 65536, dtype, SM90, aligned=False).impl != "smem"
+        assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == "coop", "no smem backward"
+        assert dispatch.choose(8, 131072, dtype, SM90).impl in ("coop", "split"), "few rows keep their rules"
+        assert dispatch.choose(4096, 65536, dtype, SM75).impl != "smem", "cp.async needs sm_80"
+        assert dispatch.choose(4096, 65536, dtype, GFX942).impl != "smem"
+        assert dispatch.choose(4096, 8 * 2**20, dtype, SM90).impl != "smem", "longer than one chunk per SM"
+    assert dispatch.choose(4096, 65540, torch.bfloat16, SM90).impl != "smem", "N not whole 16-byte vectors"
+    assert dispatch.choose(4096, 65540, torch.float32, SM90).impl == "smem"
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: False)
+    assert dispatch.choose(4096, 65536, torch.bfloat16, SM90).impl != "smem"
+
+
+@pytest.mark.skipif(HAS_GPU, reason="what the CPU says")
+def test_cpu_call_says_it_needs_an_nvidia_gpu():
+    x = random_input((4, 65536), torch.float32, DEVICE)
+    with pytest.raises(RuntimeError, match="NVIDIA sm_80"):
+        tritonsoftmax.softmax(x, impl="smem")
+
+
+def test_refuses_a_chunk_larger_than_shared_memory():
+    x = torch.empty(1, 8 * 2**20)
+    with pytest.raises(ValueError, match="does not fit in shared memory"):
+        smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS)
+
+
+# --- on the GPU ---
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (64, 262144), (1000, 40960), (8, 131072),
+                                 (2, 1048576), (1, 131072), (17, 32776)])
+def test_matches_float64(M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=N + M)
+    y = poisoned_like(x)
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags=FLAGS)
+    launch(x, y, 1.0)
+    assert launch.fallbacks == 0
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [
+    LaunchConfig.make(4, BLOCK=2048, TILES=4, BLOCK_G=8), LaunchConfig.make(8, BLOCK=8192, TILES=4, BLOCK_G=2),
+    LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=2)], ids=str)
+def test_every_kind_of_config(config):
+    x = random_input((513, 65536), torch.bfloat16, DEVICE, seed=5)
+    y = poisoned_like(x)
+    smem().launch(x, y, config)
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True])
+def test_scale_log_and_extreme_values(log):
+    x = random_input((300, 65536), torch.float32, DEVICE, seed=7) * 300  # exp overflows without the max
+    x[1] = float("-inf")
+    x[2, ::3] = float("-inf")
+    x[3, 12345] = float("inf")
+    x[4, 777] = float("nan")
+    got = poisoned_like(x)
+    smem().launch(x, got, scale=0.25, log=log, zero_masked_rows=True)
+    ref = (torch.log_softmax if log else torch.softmax)(x.double() * 0.25, -1)
+    ref[1] = 0.0  # zero_masked_rows
+    assert torch.equal(got.isnan(), ref.isnan()), "NaN exactly where the reference has them"
+    keep = ~ref.isnan() & (got.double() != ref)  # log_softmax of -inf is -inf in both
+    err = (got[keep].double() - ref[keep]).abs()
+    assert err.max().item() <= (1e-3 if log else TOL[torch.float32])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["padded-aligned", "padded-odd", "offset-base", "odd-n", "strided-cols"])
+def test_layouts_it_cannot_copy_run_coop_and_the_rest_run_smem(case):
+    M, N = 64, 65536
+    if case == "padded-aligned":
+        x = random_input((M, N + 8), torch.bfloat16, DEVICE)[:, :N]  # rows 16 bytes apart: smem
+    elif case == "padded-odd":
+        x = random_input((M, N + 1), torch.bfloat16, DEVICE)[:, :N]
+    elif case == "offset-base":
+        x = random_input((M * N + 1,), torch.bfloat16, DEVICE)[1:].view(M, N)
+    elif case == "odd-n":
+        x = random_input((M, N + 4), torch.bfloat16, DEVICE)
+    else:
+        x = random_input((N, M), torch.bfloat16, DEVICE).t()
+    y = poisoned_like(x)
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags=FLAGS)
+    launch(x, y, 1.0)
+    assert launch.fallbacks == (0 if case == "padded-aligned" else 1)
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 65536), (8, 131072), (3, 1000000)])
+def test_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=M)
+    info = device_info(x.device)
+    two = poisoned_like(x)
+    smem().FAMILY.prepare(matrix_problem(x, two), None, info, flags=FLAGS, two_phase=True)(x, two, 1.0)
+    y = poisoned_like(x)
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, info, flags=FLAGS)
+    for _ in range(20):
+        launch(x, y, 1.0)
+    torch.cuda.synchronize()
+    assert launch.mode == ("ticketed" if M == 4096 else "resident")
+    assert torch.equal(y, two)
+    assert_softmax_close(y, x)
+    assert coop_counters_ready(x.device, M)
+
+
+@pytest.mark.gpu
+def test_more_than_2_pow_31_elements():
+    M, N = 32769, 65536  # 2^31 + 65536 elements, bf16: 4 GiB in, 4 GiB out
+    x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
+    y = torch.full_like(x, float("nan"))
+    smem().launch(x, y)
+    worst = 0.0
+    for r in range(0, M, 1024):
+        ref = torch.softmax(x[r:r + 1024].double(), -1)
+        worst = max(worst, (y[r:r + 1024].double() - ref).abs().max().item())
+    assert worst <= TOL[torch.bfloat16], f"max abs error {worst}"
+
+
+@pytest.mark.gpu
+def test_auto_runs_smem_and_its_backward_is_coops():
+    x = random_input((512, 65536), torch.bfloat16, DEVICE, seed=9).requires_grad_()
+    p = dispatch.plan("auto", 512, 65536, x.dtype, x.dtype, x.device)
+    assert p.impl == "smem"
+    y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((512, 65536), torch.bfloat16, DEVICE, seed=10)
+    y.backward(dy)
+    xr = x.detach().double().requires_grad_()
+    torch.softmax(xr, -1).backward(dy.double())
+    assert (x.grad.double() - xr.grad).abs().max().item() <= 2e-2
+    assert dispatch.plan("smem", 512, 65536, x.dtype, x.dtype, x.device, backward=True).family is coop.BWD_FAMILY

@@ -1,0 +1,263 @@
+"""Smem family: coop's cooperative rows, each program's chunk held in shared memory (Gluon).
+
+A row is cut into G chunks of TILES x BLOCK elements, one program per chunk, as in the coop family
+(same tickets, row barrier, workspace and launch: :class:`~tritonsoftmax.kernels.coop.CoopLaunch`).
+The difference is where a chunk waits for its row's partials: coop holds it in registers as fp32,
+this kernel copies it into shared memory with ``cp.async`` and keeps it there in the input dtype.
+A 16-bit chunk then takes half the on-chip bytes of coop's, 228 KB of shared memory an SM hold
+far more of them than the register file holds fp32 values, and the copies in flight hold no
+registers. H200 (bench/results/h200/session10-probes/probe37.log, one process, GB/s): bf16
+4096x65536 3612 against online's 3170 and coop's 2842, bf16 4096x262144 3620 against coop's 2889,
+fp32 4096x65536 3963 against coop's 3818.
+
+The kernel is written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
+Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
+(cp.async) and a triton with Gluon and its NVIDIA backend (3.6 to 3.9 checked; the API names that
+moved between them are looked up both ways below). Gluon has no interpreter: on the CPU the
+kernel can only be compiled (for sm_90, which the tests do), never run. It has not run on AMD and
+is never chosen there.
+
+What the kernel assumes, and :class:`SmemLaunch` checks before each launch (else the call runs
+the coop family's kernel, which takes any layout): unit column strides, 16-byte aligned base
+pointers and row starts, and N a multiple of the 16-byte vector (so each vector of a row is wholly
+in or out of it, which 16-byte copies need).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..config import LaunchConfig, n_bucket, next_power_of_2
+from ..device import DeviceInfo
+from ..dispatch import SMEM_MIN_SM
+from ..layout import ALIGN_BYTES, RowProblem
+from . import _common, coop
+from ._common import DROP, row_offsets, store_out
+from .coop import CoopFamily, CoopLaunch, row_barrier, take_ticket
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+except ImportError as e:  # a triton without Gluon or without its NVIDIA backend
+    raise ImportError(f"the smem family needs triton's Gluon with the NVIDIA backend ({e})") from e
+
+IMPL = "smem"
+BLOCKS = (2048, 4096, 8192)
+MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk (fp32: 32K elements)
+_async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
+
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _tile(buf, t: gl.constexpr, cols, n_vec, MASKED: gl.constexpr, layout: gl.constexpr):
+    """Tile t of the chunk in shared memory as fp32; with MASKED, lanes at or past the row's end
+    (``n_vec``) are -inf (they hold the copy's zero fill)."""
+    v = buf.index(t).load(layout).to(gl.float32)
+    if MASKED:
+        v = gl.where(cols < n_vec, v, float("-inf"))
+    return v
+
+
+@gluon.jit
+def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
+                   MASKED: gl.constexpr, layout: gl.constexpr):
+    """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
+    waiting for each copy group in turn. MASKED: the chunk runs past the row's end."""
+    mv = gl.full([BLOCK], float("-inf"), gl.float32, layout)
+    for t in gl.static_range(TILES):
+        cp.wait_group(TILES - 1 - t)
+        mv = gl.maximum(mv, _tile(buf, t, first + t * BLOCK + offs, n_vec, MASKED, layout) * scale)
+    m = gl.max(mv, 0)
+    m_ref = gl.where(m == float("-inf"), 0.0, m)
+    sv = gl.zeros([BLOCK], gl.float32, layout)
+    for t in gl.static_range(TILES):
+        v = _tile(buf, t, first + t * BLOCK + offs, n_vec, MASKED, layout)
+        sv += gl.exp2(gl.fma(v, scale, -m_ref) * LOG2E)
+    return m, gl.sum(sv, 0)
+
+
+@gluon.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_smem_fwd_kernel(
+    x_ptr, y_ptr, ws_ptr, sync_ptr, scale, M, N, INNER,
+    stride_x_outer, stride_x_inner, stride_x_col,
+    stride_y_outer, stride_y_inner, stride_y_col,
+    N_BUCKET, M_BUCKET,
+    LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
+    BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0,
+):
+    """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating,
+    each holding its chunk in shared memory.
+
+    x_ptr, y_ptr: input and output, 16-byte aligned, unit column strides (stride_x_col and
+    stride_y_col are not read), rows starting on 16-byte boundaries, N a multiple of the 16-byte
+    vector (SmemLaunch checks all of it). scale, M, N, INNER, stride_*_outer/inner, LOG,
+    ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop
+    kernel (tickets, the row barrier and the (max, sum) partials are coop's). BLOCK: elements per
+    copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
+    memory (TILES x BLOCK x the input's element size bytes). HINTS: the output stores are marked
+    evict_first.
+
+    The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
+    elements a cycle, three passes each): exp(z - m) is exp2(fma(x, scale, -m) * log2(e)) with
+    the flush-to-zero ex2 (results below 2^-126 become 0; tl.exp's denormal handling cost 4 more
+    instructions an element), and only a row's last chunk masks its lanes.
+    """
+    VEC: gl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+    VEC_Y: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    NW: gl.constexpr = gl.num_warps()
+    tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
+    part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
+    row = ticket // G
+    chunk = ticket % G
+    # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
+    # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
+    n_vec = (N // VEC) * VEC
+    x_row = x_ptr + row_offsets(row, INNER, (stride_x_outer // VEC) * VEC, (stride_x_inner // VEC) * VEC)
+    y_row = y_ptr + row_offsets(row, INNER, (stride_y_outer // VEC_Y) * VEC_Y, (stride_y_inner // VEC_Y) * VEC_Y)
+    buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    offs = gl.arange(0, BLOCK, layout=tile_layout)
+    first = chunk * (TILES * BLOCK)
+    for t in gl.static_range(TILES):
+        cols = first + t * BLOCK + offs
+        _async_load(buf.index(t), x_row + cols, mask=cols < n_vec)
+        cp.commit_group()
+    if PHASE != 2:
+        if first + TILES * BLOCK <= n_vec:
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, tile_layout)
+        else:
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, tile_layout)
+        gl.store(ws_ptr + 2 * ticket, m)
+        gl.store(ws_ptr + 2 * ticket + 1, s)
+    else:
+        cp.wait_group(0)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE != 1:
+        # _common.combine_partials, with the layout Gluon asks of every tensor.
+        gs = gl.arange(0, BLOCK_G, layout=part_layout)
+        m_g = gl.load(ws_ptr + 2 * row * G + 2 * gs, mask=gs < G, other=float("-inf"), volatile=True)
+        s_g = gl.load(ws_ptr + 2 * row * G + 2 * gs + 1, mask=gs < G, other=0.0, volatile=True)
+        m_r = gl.max(m_g, 0)
+        s_r = gl.sum(gl.where(m_g == float("-inf"), 0.0, s_g * gl.exp(m_g - m_r)), 0)
+        inv = 1.0 / s_r
+        log_s = gl.log(s_r)
+        for t in gl.static_range(TILES):
+            cols = first + t * BLOCK + offs
+            z = gl.fma(_tile(buf, t, cols, n_vec, False, tile_layout), scale, -m_r)  # masked lanes: not stored
+            if LOG:
+                y = z - log_s
+            else:
+                y = gl.exp2(z * LOG2E) * inv
+            if ZERO_MASKED:
+                y = gl.where(m_r == float("-inf"), 0.0, y)
+            store_out(y_row + cols, y, cols < n_vec, DROP if HINTS else 0)
+
+
+def max_chunk_elements(device: DeviceInfo) -> int:
+    """The longest chunk (elements) a config may give a program: MAX_CHUNK_BYTES of fp32, within
+    what one program may allocate on ``device``."""
+    return min(MAX_CHUNK_BYTES, device.shared_mem_per_block - 1024) // 4
+
+
+def max_row(device: DeviceInfo) -> int:
+    """The longest row (elements) the family takes, a power of two (configs are sized on the N bucket):
+    at most one longest chunk on each SM (coop.max_chunks)."""
+    return 1 << ((coop.max_chunks(device) * max_chunk_elements(device)).bit_length() - 1)
+
+
+def _shape_config(device: DeviceInfo, N: int, block: int, tiles: int, num_warps: int) -> LaunchConfig:
+    """TILES raised until the N bucket's row fits in max_chunks chunks; BLOCK_G for the bucket."""
+    nb = n_bucket(N)
+    tiles = max(tiles, next_power_of_2(triton.cdiv(nb, block * coop.max_chunks(device))))
+    return LaunchConfig.make(num_warps, BLOCK=block, TILES=tiles,
+                             BLOCK_G=next_power_of_2(triton.cdiv(nb, block * tiles)))
+
+
+def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+    """Chunks of 8K to 32K elements in copy groups of 2K-8K, 4 or 8 warps (16K chunks measured best)."""
+    out = []
+    for block in BLOCKS:
+        for chunk in (8192, 16384, 32768):
+            if chunk < block or chunk > max_chunk_elements(device):
+                continue
+            for nw in (4, 8):
+                c = _shape_config(device, N, block, chunk // block, nw)
+                if c["TILES"] * block <= max_chunk_elements(device) and c not in out:
+                    out.append(c)
+    return out
+
+
+def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    """Chunks of 16K elements in eight 2K copy groups, 4 warps: the best of every config at bf16 and
+    fp16 4096x65536 (3710/3742 GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32
+    4096x65536 (3976 against 3980; bench/results/h200/session10-probes/probe37.log, part D)."""
+    return _shape_config(device, N, 2048, 8, 4)
+
+
+def _vector(element_size: int) -> int:
+    """Elements in 16 bytes."""
+    return ALIGN_BYTES // element_size
+
+
+class SmemLaunch(CoopLaunch):
+    """CoopLaunch of the smem kernel. A call the kernel cannot take (base pointers off 16 bytes,
+    rows off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors)
+    runs the coop family's kernel (its heuristic config) instead; ``fallbacks`` counts such calls.
+    The layout is checked once, the base pointers on every call (two address reads)."""
+
+    def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
+                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
+        if device.sm_version < SMEM_MIN_SM:
+            raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
+                               f"it cannot run on {device.name} ({device.backend}/{device.arch})"
+                               + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
+        super().__init__(family, problem, config, device, flags, two_phase)
+        if self.config["TILES"] * self.config["BLOCK"] > max_chunk_elements(device):
+            raise ValueError(f"smem config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}-element "
+                             f"chunk does not fit in shared memory (at most {max_chunk_elements(device)}; rows of "
+                             f"up to {max_row(device)} elements on {device.name})")
+        self._flags, self._two_phase = dict(flags or {}), two_phase
+        self._layout_ok: bool | None = None
+        self._coop: CoopLaunch | None = None
+        self.fallbacks = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
+        if self._layout_ok is None:
+            self._layout_ok = (self.problem.N % _vector(x.element_size()) == 0
+                               and self.problem.rows_aligned(x.element_size(), y.element_size()))
+        if self._layout_ok and ((x.data_ptr() | y.data_ptr()) & (ALIGN_BYTES - 1)) == 0:
+            return super().__call__(x, y, *extra)
+        self.fallbacks += 1
+        if self._coop is None:
+            self._coop = coop.FAMILY.prepare(self.problem, None, self.device, flags=self._flags,
+                                             two_phase=self._two_phase)
+        return self._coop(x, y, *extra)
+
+
+class SmemFamily(CoopFamily):
+    """The smem forward family: ``prepare`` gives a :class:`SmemLaunch`."""
+
+    def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
+                from_store: bool = False, flags: dict[str, int] | None = None,
+                two_phase: bool | None = None) -> SmemLaunch:
+        return SmemLaunch(self, problem, config, device, flags, two_phase)
+
+
+FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, words=2, configs=_configs)
+
+
+def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
+           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
+    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape) with the smem
+    kernel, ``config`` or the heuristic; a layout it cannot take runs the coop kernel (SmemLaunch)."""
+    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
+
+
+launch_backward = coop.launch_backward  # the backward is coop's (kernels/__init__.py); no shared-memory backward
