@@ -125,6 +125,18 @@ def owned(flag, mask):
     return tl.where(flag, mask, False)
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def exp(x):
+    """exp(x) as exp2(x * log2(e)) with the flush-to-zero ex2: the same ex2.approx tl.exp uses, but
+    tl.exp's non-ftz form costs four more instructions per element for results below 2^-126, which
+    softmax rounds to 0 anyway (an absolute error under 1.2e-38). The 16-bit shared-memory kernel was
+    issue-bound on them (bench/NOTES.md, session 10)."""
+    return tl.exp2(x * LOG2E)
+
+
 KEEP = tl.constexpr(1)  # EVICT: a read whose data a later pass reads again (evict_last)
 DROP = tl.constexpr(2)  # EVICT: the last read of the data (evict_first)
 
@@ -169,7 +181,7 @@ def finish(z, m, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     if LOG:
         y = z - m - tl.log(s)
     else:
-        y = tl.exp(z - m) * (1.0 / s)
+        y = exp(z - m) * (1.0 / s)
     if ZERO_MASKED:
         y = tl.where(m == float("-inf"), 0.0, y)
     return y
@@ -189,7 +201,7 @@ def grad_input(dy, y, red, scale, LOG: tl.constexpr):
     """dx given the row sum ``red`` of grad_term: scale * y * (dy - red) for softmax,
     scale * (dy - exp(y) * red) for log_softmax."""
     if LOG:
-        return scale * (dy - tl.exp(y) * red)
+        return scale * (dy - exp(y) * red)
     else:
         return scale * y * (dy - red)
 
@@ -200,7 +212,7 @@ def online_update(m, s, z):
     running max at -inf adds 0 (not exp(-inf - -inf) = NaN), so a masked prefix never poisons a row."""
     m_new = tl.maximum(m, tl.max(z, axis=0))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, s * tl.exp(m - m_ref) + tl.sum(tl.exp(z - m_ref), axis=0)
+    return m_new, s * exp(m - m_ref) + tl.sum(exp(z - m_ref), axis=0)
 
 
 @triton.jit
@@ -342,7 +354,7 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr
     m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=float("-inf"), volatile=VOLATILE)
     s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=VOLATILE)
     m = tl.max(m_g, axis=0)
-    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * tl.exp(m_g - m)), axis=0)
+    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m)), axis=0)
     return m, s
 
 

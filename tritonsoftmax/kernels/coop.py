@@ -49,6 +49,7 @@ from ._common import (
     edges_grad_write,
     edges_max_sum,
     edges_write,
+    exp,
     finish,
     grad_input,
     grad_term,
@@ -111,7 +112,7 @@ def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr)
     if LOG:
         return finish(z, m_r, s_r, LOG, ZERO_MASKED)
     else:
-        y = e * (tl.exp(m - m_r) / s_r)
+        y = e * (exp(m - m_r) / s_r)
         if ZERO_MASKED:
             y = tl.where(m_r == NEG_INF, 0.0, y)
         return y
@@ -161,10 +162,10 @@ def _softmax_coop_fwd_kernel(
             z_e = load_scaled(x_row + pos_e, mask_e, scale)
             m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
         m_ref = tl.where(m == NEG_INF, 0.0, m)
-        e = tl.exp(z - m_ref)
+        e = exp(z - m_ref)
         s = tl.sum(e, axis=0)
         if ALIGN > 1:
-            e_e = tl.exp(z_e - m_ref)
+            e_e = exp(z_e - m_ref)
             s += tl.sum(e_e, axis=0)
     else:
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)

@@ -11,6 +11,7 @@ from ..device import DeviceInfo
 from . import _common
 from ._common import (
     Family,
+    exp,
     finish,
     grad_input,
     grad_term,
@@ -52,7 +53,7 @@ def _fused_fwd_tile(
         x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
         z = load_scaled(x_row + cols * stride_x_col, mask, scale)
         m = tl.max(z, axis=0)
-        s = tl.sum(tl.exp(z - m), axis=0)
+        s = tl.sum(exp(z - m), axis=0)
         y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
         tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
     elif ROWS > 1:
@@ -62,7 +63,7 @@ def _fused_fwd_tile(
         z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col), mask,
                         scale)
         m = tl.max(z, axis=1)[:, None]
-        s = tl.sum(tl.exp(z - m), axis=1)[:, None]
+        s = tl.sum(exp(z - m), axis=1)[:, None]
         y = finish(z, m, s, LOG, ZERO_MASKED)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -76,7 +77,7 @@ def _fused_fwd_tile(
         z = load_scaled(x_ptr + base + pos, mask, scale)
         z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
         m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
-        s = tl.sum(tl.exp(z - m), axis=0) + tl.sum(tl.exp(z_e - m), axis=0)
+        s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_e - m), axis=0)
         tl.store(y_ptr + base + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(y_ptr + base + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
 

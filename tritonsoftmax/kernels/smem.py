@@ -33,7 +33,7 @@ from ..device import DeviceInfo
 from ..dispatch import SMEM_MIN_SM
 from ..layout import ALIGN_BYTES, RowProblem
 from . import _common, coop
-from ._common import DROP, row_offsets, store_out
+from ._common import DROP, exp, row_offsets, store_out
 from .coop import CoopFamily, CoopLaunch, row_barrier, take_ticket
 
 try:
@@ -47,9 +47,6 @@ IMPL = "smem"
 BLOCKS = (2048, 4096, 8192)
 MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk (fp32: 32K elements)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
-
-
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
@@ -76,7 +73,7 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
         v = _tile(buf, t, first + t * BLOCK + offs, n_vec, MASKED, layout)
-        sv += gl.exp2(gl.fma(v, scale, -m_ref) * LOG2E)
+        sv += exp(gl.fma(v, scale, -m_ref))
     return m, gl.sum(sv, 0)
 
 
@@ -103,9 +100,8 @@ def _softmax_smem_fwd_kernel(
     evict_first.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
-    elements a cycle, three passes each): exp(z - m) is exp2(fma(x, scale, -m) * log2(e)) with
-    the flush-to-zero ex2 (results below 2^-126 become 0; tl.exp's denormal handling cost 4 more
-    instructions an element), and only a row's last chunk masks its lanes.
+    elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
+    fma(x, scale, -m), and only a row's last chunk masks its lanes.
     """
     VEC: gl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     VEC_Y: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
@@ -145,7 +141,7 @@ def _softmax_smem_fwd_kernel(
         m_g = gl.load(ws_ptr + 2 * row * G + 2 * gs, mask=gs < G, other=float("-inf"), volatile=True)
         s_g = gl.load(ws_ptr + 2 * row * G + 2 * gs + 1, mask=gs < G, other=0.0, volatile=True)
         m_r = gl.max(m_g, 0)
-        s_r = gl.sum(gl.where(m_g == float("-inf"), 0.0, s_g * gl.exp(m_g - m_r)), 0)
+        s_r = gl.sum(gl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m_r)), 0)
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
@@ -154,7 +150,7 @@ def _softmax_smem_fwd_kernel(
             if LOG:
                 y = z - log_s
             else:
-                y = gl.exp2(z * LOG2E) * inv
+                y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
             store_out(y_row + cols, y, cols < n_vec, DROP if HINTS else 0)

@@ -11,7 +11,7 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import _common
-from ._common import Family, finish, load_scaled, row_offsets
+from ._common import Family, exp, finish, load_scaled, row_offsets
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -49,7 +49,7 @@ def _softmax_tile_fwd_kernel(
     s_vec = tl.zeros([BLOCK], tl.float32)
     for t in range(0, num_tiles):
         cols = (num_tiles - 1 - t) * BLOCK + offs
-        s_vec += tl.exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m)
+        s_vec += exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m)
     s = tl.sum(s_vec, axis=0)
 
     for t in range(0, num_tiles):
