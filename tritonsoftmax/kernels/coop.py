@@ -101,7 +101,9 @@ def row_barrier(count_ptr, G, chunk):
     while seen - base < G:
         seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
-    tl.atomic_add(count_ptr, ROUND - G, mask=chunk == 0, sem="relaxed")
+    # -G + ROUND, not ROUND - G (a constexpr on the left wraps G under the interpreter), nor a
+    # tl.full (Gluon, which smem's kernel calls this from, wants a layout for it).
+    tl.atomic_add(count_ptr, -G + ROUND, mask=chunk == 0, sem="relaxed")
 
 
 @triton.jit
