@@ -1,8 +1,9 @@
 """The smem family (a Gluon kernel): compiled for sm_90 on any machine, run on the GPU only.
 
 Gluon has no interpreter, so the CPU part compiles the kernel for sm_90 with the installed triton
-and checks what the compiler made of it (16-byte copies into shared memory, 16-byte stores, no
-spills), plus the dispatcher's rule and the launch's checks. The gpu-marked part runs it."""
+and checks what the compiler made of it (16-byte copies into shared memory, 16-byte stores, the
+barrier's atomics only in the single launch), plus the dispatcher's rule and the launch's checks.
+The gpu-marked part runs it."""
 
 import re
 
@@ -122,6 +123,31 @@ def test_refuses_a_chunk_larger_than_shared_memory():
     x = torch.empty(1, 8 * 2**20)
     with pytest.raises(ValueError, match="does not fit in shared memory"):
         smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter stands in for a kernel that fails to compile")
+def test_a_kernel_that_fails_on_its_first_call_hands_over_to_coop_with_one_warning():
+    """Under the interpreter the Gluon kernel cannot run, as on a triton or GPU where it would not
+    compile: a dispatcher-chosen launch (no config) warns once and runs coop's kernel for good; an
+    explicit config raises (the tuner must not time coop under smem's name)."""
+    x = random_input((2, 8192), torch.float32, DEVICE, seed=4)
+    launch = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS)
+    y = poisoned_like(x)
+    with pytest.warns(RuntimeWarning, match="smem kernel failed"):
+        launch(x, y, 1.0)
+    assert launch.smem_error and launch.fallbacks == 1
+    assert_softmax_close(y, x)
+    y2 = poisoned_like(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launch(x, y2, 1.0)
+    assert launch.fallbacks == 2 and torch.equal(y, y2)
+    explicit = smem().FAMILY.prepare(matrix_problem(x, x), smem()._heuristic(SM90, 2, 8192), SM90, flags=FLAGS)
+    with pytest.raises(Exception):  # noqa: B017 - whatever the interpreter raises for a Gluon kernel
+        explicit(x, poisoned_like(x), 1.0)
+    assert explicit.fallbacks == 0
 
 
 # --- on the GPU ---

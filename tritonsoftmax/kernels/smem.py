@@ -25,6 +25,8 @@ in or out of it, which 16-byte copies need).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 
@@ -205,11 +207,19 @@ def _vector(element_size: int) -> int:
 class SmemLaunch(CoopLaunch):
     """CoopLaunch of the smem kernel. A call the kernel cannot take (base pointers off 16 bytes,
     rows off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors)
-    runs the coop family's kernel (its heuristic config) instead; ``fallbacks`` counts such calls.
-    The layout is checked once, the base pointers on every call (two address reads)."""
+    runs the coop family's kernel (its heuristic config) instead; ``fallbacks`` counts the calls
+    that ran coop's kernel.
+    The layout is checked once, the base pointers on every call (two address reads).
+
+    Gluon is experimental: should the kernel fail to compile or load on its first call (a triton
+    or GPU it was not checked on; it compiles for sm_90 on triton 3.6-3.9 and ran on 3.6), a launch
+    the dispatcher chose (the heuristic or a stored config) warns once and runs coop's kernel for
+    good, with the reason in ``smem_error``. A config given explicitly raises instead, so the tuner
+    never times coop under smem's name."""
 
     def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
-                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
+                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None,
+                 from_store: bool = False):
         if device.sm_version < SMEM_MIN_SM:
             raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
@@ -222,14 +232,28 @@ class SmemLaunch(CoopLaunch):
         self._flags, self._two_phase = dict(flags or {}), two_phase
         self._layout_ok: bool | None = None
         self._coop: CoopLaunch | None = None
+        self._may_give_up = config is None or from_store  # the dispatcher's choice, not the caller's
+        self._started = False
+        self.smem_error: str | None = None
         self.fallbacks = 0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
             self._layout_ok = (self.problem.N % _vector(x.element_size()) == 0
                                and self.problem.rows_aligned(x.element_size(), y.element_size()))
-        if self._layout_ok and ((x.data_ptr() | y.data_ptr()) & (ALIGN_BYTES - 1)) == 0:
-            return super().__call__(x, y, *extra)
+        if self._layout_ok and self.smem_error is None and ((x.data_ptr() | y.data_ptr()) & (ALIGN_BYTES - 1)) == 0:
+            if self._started:
+                return super().__call__(x, y, *extra)
+            try:
+                done = super().__call__(x, y, *extra)
+                self._started = True
+                return done
+            except Exception as e:  # nothing ran: compiling or loading the kernel failed
+                if not self._may_give_up:
+                    raise
+                self.smem_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                warnings.warn(f"tritonsoftmax: the smem kernel failed on {self.device.name} ({self.smem_error}); "
+                              "running the coop family's kernel instead", RuntimeWarning, stacklevel=2)
         self.fallbacks += 1
         if self._coop is None:
             self._coop = coop.FAMILY.prepare(self.problem, None, self.device, flags=self._flags,
@@ -243,7 +267,7 @@ class SmemFamily(CoopFamily):
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
                 two_phase: bool | None = None) -> SmemLaunch:
-        return SmemLaunch(self, problem, config, device, flags, two_phase)
+        return SmemLaunch(self, problem, config, device, flags, two_phase, from_store)
 
 
 FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, words=2, configs=_configs)
