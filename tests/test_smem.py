@@ -166,6 +166,17 @@ def test_matches_float64(M, N, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("scale", [-1.0, 0.0, 3.0])
+def test_any_scale_with_a_masked_last_chunk(scale, dtype):
+    x = random_input((264, 40968), dtype, DEVICE, seed=11)  # 2 x 16384 + 8200: the last chunk is half empty
+    y = poisoned_like(x)
+    smem().launch(x, y, scale=scale)
+    want = torch.softmax(x.double() * scale, -1)
+    assert (y.double() - want).abs().max().item() <= TOL[dtype]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config", [
     LaunchConfig.make(4, BLOCK=2048, TILES=4, BLOCK_G=8), LaunchConfig.make(8, BLOCK=8192, TILES=4, BLOCK_G=2),
     LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=2)], ids=str)
@@ -177,17 +188,21 @@ def test_every_kind_of_config(config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scale", [0.25, -0.5])
 @pytest.mark.parametrize("log", [False, True])
-def test_scale_log_and_extreme_values(log):
-    x = random_input((300, 65536), torch.float32, DEVICE, seed=7) * 300  # exp overflows without the max
+def test_scale_log_and_extreme_values(log, scale):
+    """50176 = 3 x 16384 + 1024: each row's last chunk is masked, and a negative scale must not turn
+    its masked lanes into +inf."""
+    x = random_input((300, 50176), torch.float32, DEVICE, seed=7) * 300  # exp overflows without the max
     x[1] = float("-inf")
     x[2, ::3] = float("-inf")
     x[3, 12345] = float("inf")
     x[4, 777] = float("nan")
     got = poisoned_like(x)
-    smem().launch(x, got, scale=0.25, log=log, zero_masked_rows=True)
-    ref = (torch.log_softmax if log else torch.softmax)(x.double() * 0.25, -1)
-    ref[1] = 0.0  # zero_masked_rows
+    smem().launch(x, got, scale=scale, log=log, zero_masked_rows=True)
+    ref = (torch.log_softmax if log else torch.softmax)(x.double() * scale, -1)
+    if scale > 0:
+        ref[1] = 0.0  # zero_masked_rows: the row's max is -inf
     assert torch.equal(got.isnan(), ref.isnan()), "NaN exactly where the reference has them"
     keep = ~ref.isnan() & (got.double() != ref)  # log_softmax of -inf is -inf in both
     err = (got[keep].double() - ref[keep]).abs()

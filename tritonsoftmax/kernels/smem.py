@@ -52,30 +52,31 @@ _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared 
 
 
 @gluon.jit
-def _tile(buf, t: gl.constexpr, cols, n_vec, MASKED: gl.constexpr, layout: gl.constexpr):
-    """Tile t of the chunk in shared memory as fp32; with MASKED, lanes at or past the row's end
-    (``n_vec``) are -inf (they hold the copy's zero fill)."""
-    v = buf.index(t).load(layout).to(gl.float32)
+def _in_row(z, cols, n_vec, MASKED: gl.constexpr):
+    """``z`` with MASKED, lanes at or past the row's end (``n_vec``) -inf; applied after the scale,
+    so that a negative or zero scale cannot turn the masked lanes into +inf or NaN."""
     if MASKED:
-        v = gl.where(cols < n_vec, v, float("-inf"))
-    return v
+        z = gl.where(cols < n_vec, z, float("-inf"))
+    return z
 
 
 @gluon.jit
 def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
                    MASKED: gl.constexpr, layout: gl.constexpr):
     """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
-    waiting for each copy group in turn. MASKED: the chunk runs past the row's end."""
+    waiting for each copy group in turn. MASKED: the chunk runs past the row's end (those lanes
+    hold the copy's zero fill)."""
     mv = gl.full([BLOCK], float("-inf"), gl.float32, layout)
     for t in gl.static_range(TILES):
         cp.wait_group(TILES - 1 - t)
-        mv = gl.maximum(mv, _tile(buf, t, first + t * BLOCK + offs, n_vec, MASKED, layout) * scale)
+        v = buf.index(t).load(layout).to(gl.float32)
+        mv = gl.maximum(mv, _in_row(v * scale, first + t * BLOCK + offs, n_vec, MASKED))
     m = gl.max(mv, 0)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
-        v = _tile(buf, t, first + t * BLOCK + offs, n_vec, MASKED, layout)
-        sv += exp(gl.fma(v, scale, -m_ref))
+        v = buf.index(t).load(layout).to(gl.float32)
+        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED))
     return m, gl.sum(sv, 0)
 
 
@@ -148,7 +149,7 @@ def _softmax_smem_fwd_kernel(
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
-            z = gl.fma(_tile(buf, t, cols, n_vec, False, tile_layout), scale, -m_r)  # masked lanes: not stored
+            z = gl.fma(buf.index(t).load(tile_layout).to(gl.float32), scale, -m_r)  # lanes past the end: not stored
             if LOG:
                 y = z - log_s
             else:
