@@ -44,9 +44,10 @@ def _load(key: str, name: str, attr: str):
 
 @functools.cache
 def gluon_available() -> bool:
-    """Whether this triton can build the Gluon families (Gluon with its NVIDIA backend)."""
+    """Whether this triton can build the Gluon families (Gluon with its NVIDIA backend, and the
+    copy instruction under one of the names it has had)."""
     try:
         family("smem")
-    except ImportError:
+    except (ImportError, AttributeError):
         return False
     return True

@@ -12,10 +12,10 @@ fp32 4096x65536 3963 against coop's 3818.
 
 The kernel is written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
 Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
-(cp.async) and a triton with Gluon and its NVIDIA backend (3.6 to 3.9 checked; the API names that
-moved between them are looked up both ways below). Gluon has no interpreter: on the CPU the
-kernel can only be compiled (for sm_90, which the tests do), never run. It has not run on AMD and
-is never chosen there.
+(cp.async) and a triton with Gluon and its NVIDIA backend (compiled for sm_90 on 3.6 to 3.9 and
+run on 3.6; the API names that moved between them are looked up both ways below). Gluon has no
+interpreter: on the CPU the kernel can only be compiled (for sm_90, which the tests do), never run.
+It has not run on AMD and is never chosen there.
 
 What the kernel assumes, and :class:`SmemLaunch` checks before each launch (else the call runs
 the coop family's kernel, which takes any layout): unit column strides, 16-byte aligned base
