@@ -16,7 +16,7 @@ from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
-from .layout import ALIGN_BYTES
+from .layout import whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
 
@@ -120,7 +120,7 @@ def smem_takes(s: Shape) -> bool:
     """The smem family can take these rows: NVIDIA sm_80+, a triton with Gluon, rows on 16-byte
     boundaries along unit-stride columns (``aligned``), N a whole number of 16-byte vectors, and a
     row short enough for one chunk per SM (kernels/smem.max_row)."""
-    if not (s.aligned and s.device.sm_version >= SMEM_MIN_SM and s.N % (ALIGN_BYTES // s.dtype.itemsize) == 0
+    if not (s.aligned and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize)
             and gluon_available()):
         return False
     from .kernels import smem

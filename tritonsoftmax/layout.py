@@ -24,6 +24,11 @@ _INT32_MAX = 2**31 - 1
 ALIGN_BYTES = 16  # the widest load/store a thread issues (ld.global.v4)
 
 
+def whole_vectors(n: int, element_size: int) -> bool:
+    """Whether ``n`` elements of ``element_size`` bytes fill whole ALIGN_BYTES vectors."""
+    return (n * element_size) % ALIGN_BYTES == 0
+
+
 @dataclass(frozen=True)
 class RowStrides:
     """Element strides of one tensor seen as rows: outer-row, inner-row and column strides."""

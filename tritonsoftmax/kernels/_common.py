@@ -350,7 +350,13 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr
     """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1]:
     s = sum s_g * exp(m_g - max), an all -inf chunk adding 0 (never NaN). VOLATILE: the partials
     were written by other programs of the same launch (not cached on the way)."""
-    gs = tl.arange(0, BLOCK_G)
+    return combine_partials_at(parts_ptr, tl.arange(0, BLOCK_G), G, VOLATILE)
+
+
+@triton.jit
+def combine_partials_at(parts_ptr, gs, G, VOLATILE: tl.constexpr):
+    """combine_partials over the chunk indices ``gs`` (0 .. BLOCK_G - 1): a Gluon kernel builds
+    them with the layout it wants (smem), plain Triton with tl.arange."""
     m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=float("-inf"), volatile=VOLATILE)
     s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=VOLATILE)
     m = tl.max(m_g, axis=0)

@@ -261,11 +261,12 @@ def max_chunks(device: DeviceInfo) -> int:
     return max(1, device.sm_count)
 
 
-def _shape_config(device: DeviceInfo, N: int, block: int, num_warps: int) -> LaunchConfig:
+def shape_config(device: DeviceInfo, N: int, block: int, num_warps: int, min_tiles: int = 1) -> LaunchConfig:
     """TILES and BLOCK_G for a BLOCK, sized on the N bucket (so one config serves the bucket):
-    one tile a chunk while the row fits in max_chunks chunks, else as many tiles as it takes."""
+    ``min_tiles`` tiles a chunk (coop: 1; smem holds several in shared memory) while the row fits in
+    max_chunks chunks, else as many tiles as it takes."""
     nb = n_bucket(N)
-    tiles = next_power_of_2(triton.cdiv(nb, block * max_chunks(device)))
+    tiles = max(min_tiles, next_power_of_2(triton.cdiv(nb, block * max_chunks(device))))
     num_warps = min(num_warps, device.max_threads_per_program // device.warp_size)
     return LaunchConfig.make(num_warps, BLOCK=block, TILES=tiles,
                              BLOCK_G=next_power_of_2(triton.cdiv(nb, block * tiles)))
@@ -277,7 +278,7 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
         if block > max(BLOCKS[0], next_power_of_2(N)):
             continue
         for nw in _common.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
-            out.append(_shape_config(device, N, block, nw))
+            out.append(shape_config(device, N, block, nw))
     return _common.with_backend_options(device, out)
 
 
@@ -292,13 +293,13 @@ def _chunk(device: DeviceInfo, M: int, N: int) -> int:
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Forward: 4 warps (up to 64 fp32 values a thread: more loads in flight per program measured
     best on the H200, 4096x65536 fp32 3458 GB/s against 3286 with 8 warps)."""
-    return _shape_config(device, N, _chunk(device, M, N), 4)
+    return shape_config(device, N, _chunk(device, M, N), 4)
 
 
 def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Backward (two tensors held): 8 warps for a full chunk (4096x65536 fp32 3818 GB/s), 4 below."""
     block = _chunk(device, M, N)
-    return _shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
+    return shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
 
 
 _scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 view, ws words, sync words)

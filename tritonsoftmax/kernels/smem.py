@@ -28,14 +28,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-import triton
 
-from ..config import LaunchConfig, n_bucket, next_power_of_2
+from ..config import LaunchConfig
 from ..device import DeviceInfo
 from ..dispatch import SMEM_MIN_SM
-from ..layout import ALIGN_BYTES, RowProblem
+from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
 from . import _common, coop
-from ._common import DROP, exp, row_offsets, store_out
+from ._common import DROP, SMEM_RESERVED_PER_PROGRAM, combine_partials_at, exp, row_offsets, store_out
 from .coop import CoopFamily, CoopLaunch, row_barrier, take_ticket
 
 try:
@@ -139,12 +138,7 @@ def _softmax_smem_fwd_kernel(
     if PHASE == 0:
         row_barrier(sync_ptr + 1 + row, G, chunk)
     if PHASE != 1:
-        # _common.combine_partials, with the layout Gluon asks of every tensor.
-        gs = gl.arange(0, BLOCK_G, layout=part_layout)
-        m_g = gl.load(ws_ptr + 2 * row * G + 2 * gs, mask=gs < G, other=float("-inf"), volatile=True)
-        s_g = gl.load(ws_ptr + 2 * row * G + 2 * gs + 1, mask=gs < G, other=0.0, volatile=True)
-        m_r = gl.max(m_g, 0)
-        s_r = gl.sum(gl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m_r)), 0)
+        m_r, s_r = combine_partials_at(ws_ptr + 2 * row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
@@ -162,21 +156,13 @@ def _softmax_smem_fwd_kernel(
 def max_chunk_elements(device: DeviceInfo) -> int:
     """The longest chunk (elements) a config may give a program: MAX_CHUNK_BYTES of fp32, within
     what one program may allocate on ``device``."""
-    return min(MAX_CHUNK_BYTES, device.shared_mem_per_block - 1024) // 4
+    return min(MAX_CHUNK_BYTES, device.shared_mem_per_block - SMEM_RESERVED_PER_PROGRAM) // 4
 
 
 def max_row(device: DeviceInfo) -> int:
     """The longest row (elements) the family takes, a power of two (configs are sized on the N bucket):
     at most one longest chunk on each SM (coop.max_chunks)."""
     return 1 << ((coop.max_chunks(device) * max_chunk_elements(device)).bit_length() - 1)
-
-
-def _shape_config(device: DeviceInfo, N: int, block: int, tiles: int, num_warps: int) -> LaunchConfig:
-    """TILES raised until the N bucket's row fits in max_chunks chunks; BLOCK_G for the bucket."""
-    nb = n_bucket(N)
-    tiles = max(tiles, next_power_of_2(triton.cdiv(nb, block * coop.max_chunks(device))))
-    return LaunchConfig.make(num_warps, BLOCK=block, TILES=tiles,
-                             BLOCK_G=next_power_of_2(triton.cdiv(nb, block * tiles)))
 
 
 def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
@@ -187,7 +173,7 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
             if chunk < block or chunk > max_chunk_elements(device):
                 continue
             for nw in (4, 8):
-                c = _shape_config(device, N, block, chunk // block, nw)
+                c = coop.shape_config(device, N, block, nw, chunk // block)
                 if c["TILES"] * block <= max_chunk_elements(device) and c not in out:
                     out.append(c)
     return out
@@ -197,12 +183,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Chunks of 16K elements in eight 2K copy groups, 4 warps: the best of every config at bf16 and
     fp16 4096x65536 (3710/3742 GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32
     4096x65536 (3976 against 3980; bench/results/h200/session10-probes/probe37.log, part D)."""
-    return _shape_config(device, N, 2048, 8, 4)
-
-
-def _vector(element_size: int) -> int:
-    """Elements in 16 bytes."""
-    return ALIGN_BYTES // element_size
+    return coop.shape_config(device, N, 2048, 4, min_tiles=8)
 
 
 class SmemLaunch(CoopLaunch):
@@ -240,7 +221,7 @@ class SmemLaunch(CoopLaunch):
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
-            self._layout_ok = (self.problem.N % _vector(x.element_size()) == 0
+            self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
                                and self.problem.rows_aligned(x.element_size(), y.element_size()))
         if self._layout_ok and self.smem_error is None and ((x.data_ptr() | y.data_ptr()) & (ALIGN_BYTES - 1)) == 0:
             if self._started:
