@@ -49,11 +49,12 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
 @pytest.mark.parametrize("M,N,fp32,bf16_fwd,bf16_bwd", [
     (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "split"),
     (32, 152064, "coop", "coop", "coop"), (1, 131072, "coop", "coop", "coop"), (8, 131072, "coop", "coop", "coop"),
-    (4, 1048576, "coop", "coop", "coop"), (8, 1048576, "coop", "split", "coop"),
-    (40, 131072, "coop", "coop", "coop"), (48, 131072, "coop", "split", "coop"),
-    (128, 131072, "coop", "split", "coop"), (263, 65536, "coop", "split", "coop"),
+    (4, 1048576, "coop", "coop", "coop"), (8, 1048576, "coop", "smem", "coop"),
+    (40, 131072, "coop", "coop", "coop"), (48, 131072, "coop", "smem", "coop"),
+    (128, 131072, "coop", "smem", "coop"), (263, 65536, "coop", "smem", "coop"),
+    (2, 4194304, "split", "smem", "split"), (2, 4194312, "split", "split", "split"),
     (8, 16384, "fused", "fused", "fused")])
-def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_split(
+def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_smem_or_split(
         M, N, fp32, bf16_fwd, bf16_bwd):
     for backward, bf16 in ((False, bf16_fwd), (True, bf16_bwd)):
         assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
@@ -63,6 +64,8 @@ def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_
     assert dispatch.choose(264, 65536, torch.bfloat16, SM90).impl == "smem", "many 16-bit rows of 64K"
     assert dispatch.choose(264, 65536, torch.bfloat16, SM90, aligned=False).impl == "online"
     assert dispatch.choose(264, 131072, torch.bfloat16, SM90, aligned=False).impl == "coop"
+    assert dispatch.choose(263, 65536, torch.bfloat16, SM90, aligned=False).impl == "split", "smem needs aligned rows"
+    assert dispatch.choose(263, 65540, torch.bfloat16, SM90).impl == "split", "smem needs whole 16-byte vectors"
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)

@@ -77,6 +77,12 @@ OFF_ALIGN_ONLINE_BUCKET = 32768
 # 264x65536 3114 against 2950 (fp32 4096x50176 a tie, 3732/3732). At 32768 rows stay fused (probe35:
 # bf16 4096x32768 fused 3561, the shared-memory kernel 3529 before its arithmetic was cut).
 SMEM_MIN_N = 32768
+# Few 16-bit rows (forward) go to smem too once there are more elements than coop holds at once
+# (coop_holds_all): there split read each element twice, and smem's 16-bit chunks read it once.
+# H200, session 11 (bench/results/h200/session11-probes/probe39.log, probe40.log; one process, GB/s,
+# smem against split): bf16 128x65536 2280 against 1824, 200x65536 2498 / 1966, 64x131072 2212 / 1820,
+# 32x262144 2194 / 1816, 128x262144 2883 / 2196 (fp16 alike). Under that size coop stays ahead
+# (probe38: bf16 8x131072 coop 542, smem 435; 4x1048576 1372 / 1355; 32x152064 1498 / 1415).
 # cp.async, which the smem kernel copies with, came with sm_80.
 SMEM_MIN_SM = 80
 
@@ -111,9 +117,14 @@ def coop_single_read(s: Shape) -> bool:
     return s.device.backend == "cuda" and n_bucket(s.N) <= s.device.sm_count * COOP_CHUNK
 
 
+def coop_holds_all(s: Shape) -> bool:
+    """No more elements than COOP_RESIDENT_PER_SM chunks of COOP_CHUNK on every SM."""
+    return s.M * s.N <= s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
+
+
 def coop_fits_at_once(s: Shape) -> bool:
     """Every program of every row can be resident at the same time (one wave, single read)."""
-    return coop_single_read(s) and s.M * s.N <= s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
+    return coop_single_read(s) and coop_holds_all(s)
 
 
 def smem_takes(s: Shape) -> bool:
@@ -152,6 +163,10 @@ RULES: tuple[Rule, ...] = (
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
+    Rule("smem", "few 16-bit long rows, more than coop holds at once (forward): smem's 16-bit chunks read each "
+         "element once, split reads it twice",
+         lambda s: few_rows(s) and s.dtype.itemsize <= 2 and not s.backward and not coop_holds_all(s)
+         and s.N > SMEM_MIN_N and smem_takes(s)),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
     Rule("smem", "many long rows on 16-byte boundaries (forward): one cooperative launch, each chunk held in "
