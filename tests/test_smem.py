@@ -77,15 +77,15 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
 
 
 @pytest.mark.parametrize("dtype,op", [("bf16", "bf16x2"), ("fp16", "f16x2"), ("fp32", "f32")])
-def test_first_pass_takes_max_and_min_in_the_input_dtype(compiled_sm90, dtype, op):
-    """16-bit: max (and, for a negative scale, min) two lanes an instruction, with no conversion of the
-    first pass's loads; fp32: no multiply by the scale before the max."""
+def test_first_pass_takes_the_max_of_raw_values_with_their_sign_flipped(compiled_sm90, dtype, op):
+    """16-bit: the first pass's max takes two lanes an instruction, on the loaded values with the sign
+    bit xor-ed for a negative scale, never converted; fp32: no multiply by the scale before the max."""
     config = compiled_sm90["config"]
     ptx = compiled_sm90[(dtype, dtype, "{}")]["ptx"]
     per_thread = config["TILES"] * config["BLOCK"] // (config.num_warps * 32)
-    lanes = 2 if op != "f32" else 1
-    for kind in ("max", "min"):  # a masked and an unmasked copy of each pass
-        assert len(re.findall(rf"\b{kind}\.{op}\b", ptx)) >= 2 * per_thread // lanes, kind
+    pairs = per_thread // (2 if op != "f32" else 1)
+    flipped_max = re.findall(rf"xor\.b32 t, %r\d+, %r\d+; max\.{op} %r\d+, %r\d+, t;", ptx)
+    assert len(flipped_max) == 2 * pairs, "one per register, in the masked and the unmasked copy of the pass"
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):

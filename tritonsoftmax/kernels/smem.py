@@ -60,68 +60,46 @@ def _in_row(z, cols, n_vec, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _packed(a, b, OP: gl.constexpr):
-    """The PTX instruction OP (``max.bf16x2 $0, $1, $2;`` and the like) on two 16-bit tensors, two lanes
-    an instruction."""
-    return gl.inline_asm_elementwise(OP, "=r,r,r", [a, b], dtype=a.dtype, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _extreme(a, b, LOWEST: gl.constexpr):
-    """max(a, b) (min with LOWEST) in their own dtype, NaN lanes losing to numbers as in gl.maximum:
-    16-bit pairs take one max/min.bf16x2 or .f16x2 instruction (sm_80+) and no conversion."""
+def _max_of_flipped(a, b, flip):
+    """max(a, b XOR flip) in a's dtype, where ``flip`` holds 0 or the sign bit (+0.0 or -0.0): one
+    xor and one max.bf16x2 / max.f16x2 for two 16-bit lanes (sm_80+), no conversion; fp32 one each.
+    NaN lanes lose to numbers, as in gl.maximum."""
     if a.dtype == gl.bfloat16:
-        if LOWEST:
-            r = _packed(a, b, "min.bf16x2 $0, $1, $2;")
-        else:
-            r = _packed(a, b, "max.bf16x2 $0, $1, $2;")
+        r = gl.inline_asm_elementwise("{ .reg .b32 t; xor.b32 t, $2, $3; max.bf16x2 $0, $1, t; }", "=r,r,r,r",
+                                      [a, b, flip], dtype=a.dtype, is_pure=True, pack=2)
     elif a.dtype == gl.float16:
-        if LOWEST:
-            r = _packed(a, b, "min.f16x2 $0, $1, $2;")
-        else:
-            r = _packed(a, b, "max.f16x2 $0, $1, $2;")
-    elif LOWEST:
-        r = gl.minimum(a, b)
+        r = gl.inline_asm_elementwise("{ .reg .b32 t; xor.b32 t, $2, $3; max.f16x2 $0, $1, t; }", "=r,r,r,r",
+                                      [a, b, flip], dtype=a.dtype, is_pure=True, pack=2)
     else:
-        r = gl.maximum(a, b)
-    return r
-
-
-@gluon.jit
-def _chunk_extreme(buf, first, offs, n_vec, TILES: gl.constexpr, BLOCK: gl.constexpr, MASKED: gl.constexpr,
-                   LOWEST: gl.constexpr, layout: gl.constexpr):
-    """The chunk's largest x (smallest with LOWEST) as fp32, taken in x's dtype, waiting for each copy
-    group in turn. MASKED: the chunk runs past the row's end (those lanes hold the copy's zero fill)."""
-    if LOWEST:
-        far = gl.full([BLOCK], float("inf"), buf.dtype, layout)
-    else:
-        far = gl.full([BLOCK], float("-inf"), buf.dtype, layout)
-    ev = far
-    for t in gl.static_range(TILES):
-        cp.wait_group(TILES - 1 - t)
-        v = buf.index(t).load(layout)
-        if MASKED:
-            v = gl.where(first + t * BLOCK + offs < n_vec, v, far)
-        ev = _extreme(ev, v, LOWEST)
-    if LOWEST:
-        r = gl.min(ev.to(gl.float32), 0)
-    else:
-        r = gl.max(ev.to(gl.float32), 0)
+        r = gl.inline_asm_elementwise("{ .reg .b32 t; xor.b32 t, $2, $3; max.f32 $0, $1, t; }", "=r,r,r,r",
+                                      [a, b, flip], dtype=a.dtype, is_pure=True, pack=1)
     return r
 
 
 @gluon.jit
 def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
                    MASKED: gl.constexpr, layout: gl.constexpr):
-    """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf).
-    MASKED: the chunk runs past the row's end (those lanes hold the copy's zero fill).
-    m is scale times x's max (its min for a negative scale), which rounding keeps exact; the max is
-    taken in x's dtype, two 16-bit lanes an instruction, so the first pass costs a 16-bit element
-    neither a conversion nor a multiply (H200, probe39: bf16 4096x65536 3707 -> 3827 GB/s)."""
-    if scale >= 0:
-        m = _chunk_extreme(buf, first, offs, n_vec, TILES, BLOCK, MASKED, False, layout) * scale
-    else:
-        m = _chunk_extreme(buf, first, offs, n_vec, TILES, BLOCK, MASKED, True, layout) * scale
+    """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
+    waiting for each copy group in turn. MASKED: the chunk runs past the row's end (those lanes
+    hold the copy's zero fill).
+    m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
+    the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
+    so the first pass costs a 16-bit element neither a conversion nor a multiply (H200, probe39:
+    bf16 4096x65536 3707 -> 3827 GB/s). No branch on the sign: reductions under a runtime branch
+    nested in the MASKED one miscompiled on triton 3.6 (a shared-memory write out of bounds in the
+    PHASE 1 kernel, session 11)."""
+    sign = gl.where(scale < 0, -1.0, 1.0)
+    flip = (gl.zeros([BLOCK], gl.float32, layout) * sign).to(buf.dtype)  # +0.0 or -0.0: 0 or the sign bit
+    ev = gl.full([BLOCK], float("-inf"), buf.dtype, layout)
+    if MASKED:
+        hole = (gl.full([BLOCK], float("-inf"), gl.float32, layout) * sign).to(buf.dtype)  # -inf once flipped
+    for t in gl.static_range(TILES):
+        cp.wait_group(TILES - 1 - t)
+        v = buf.index(t).load(layout)
+        if MASKED:
+            v = gl.where(first + t * BLOCK + offs < n_vec, v, hole)
+        ev = _max_of_flipped(ev, v, flip)
+    m = gl.max(ev.to(gl.float32), 0) * gl.abs(scale)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
