@@ -297,3 +297,13 @@ def test_auto_runs_smem_and_its_backward_is_coops():
     torch.softmax(xr, -1).backward(dy.double())
     assert (x.grad.double() - xr.grad).abs().max().item() <= 2e-2
     assert dispatch.plan("smem", 512, 65536, x.dtype, x.dtype, x.device, backward=True).family is coop.BWD_FAMILY
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,dtype", [(8, 1048576, torch.bfloat16), (48, 131072, torch.float16),
+                                       (2, 4194304, torch.bfloat16), (100, 65536, torch.float16)], ids=str)
+def test_auto_runs_smem_for_few_16bit_rows_beyond_coops_capacity(M, N, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=M)
+    assert dispatch.plan("auto", M, N, dtype, dtype, x.device).impl == "smem"
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    assert dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device).impl != "smem"
