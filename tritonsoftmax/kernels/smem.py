@@ -8,7 +8,9 @@ A 16-bit chunk then takes half the on-chip bytes of coop's, 228 KB of shared mem
 far more of them than the register file holds fp32 values, and the copies in flight hold no
 registers. H200 (bench/results/h200/session10-probes/probe37.log, one process, GB/s): bf16
 4096x65536 3612 against online's 3170 and coop's 2842, bf16 4096x262144 3620 against coop's 2889,
-fp32 4096x65536 3963 against coop's 3818.
+fp32 4096x65536 3963 against coop's 3818. Session 11 took the first pass's max on the raw values
+(session11-probes/probe43.log: bf16 4096x65536 3785-3796 against 3694-3702 before) and gave it few
+16-bit rows beyond what coop holds at once (probe39/probe40: 20-30 % over split; dispatch.py).
 
 The kernel is written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
 Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
