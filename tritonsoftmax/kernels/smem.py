@@ -86,10 +86,11 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
     hold the copy's zero fill).
     m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
     the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
-    so the first pass costs a 16-bit element neither a conversion nor a multiply (H200, probe39:
-    bf16 4096x65536 3707 -> 3827 GB/s). No branch on the sign: reductions under a runtime branch
-    nested in the MASKED one miscompiled on triton 3.6 (a shared-memory write out of bounds in the
-    PHASE 1 kernel, session 11)."""
+    so the first pass costs a 16-bit element neither a conversion nor a multiply (H200,
+    session11-probes/probe43.log: bf16 4096x65536 3785-3796 GB/s against 3694-3702 before). No
+    branch on the sign: a version that took max or min under a runtime branch on it, nested in the
+    MASKED one, wrote shared memory out of bounds in its PHASE 1 kernel on triton 3.6
+    (compute-sanitizer, session 11; the cause was not isolated further)."""
     sign = gl.where(scale < 0, -1.0, 1.0)
     flip = (gl.zeros([BLOCK], gl.float32, layout) * sign).to(buf.dtype)  # +0.0 or -0.0: 0 or the sign bit
     ev = gl.full([BLOCK], float("-inf"), buf.dtype, layout)
