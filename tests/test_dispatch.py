@@ -73,6 +73,8 @@ def test_cooperative_kernels_are_not_picked_on_amd(device):
     for M, N in [(1, 131072), (4, 1048576), (4096, 65536), (4096, 262144)]:
         for backward in (False, True):
             assert dispatch.choose(M, N, torch.float32, device, backward).impl not in ("coop", "smem")
+    for M, N in [(8, 1048576), (128, 131072), (4096, 65536)]:  # smem's few- and many-row 16-bit rules
+        assert dispatch.choose(M, N, torch.bfloat16, device).impl not in ("coop", "smem")
 
 
 def test_every_rule_says_why():
