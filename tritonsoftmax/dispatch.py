@@ -128,11 +128,12 @@ def coop_fits_at_once(s: Shape) -> bool:
 
 
 def smem_takes(s: Shape) -> bool:
-    """The smem family can take these rows: NVIDIA sm_80+, a triton with Gluon, rows on 16-byte
-    boundaries along unit-stride columns (``aligned``), N a whole number of 16-byte vectors, and a
-    row short enough for one chunk per SM (kernels/smem.max_row)."""
-    if not (s.aligned and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize)
-            and gluon_available()):
+    """The smem family can take these rows: a forward (it has no backward of its own) of rows longer
+    than SMEM_MIN_N, NVIDIA sm_80+, a triton with Gluon, rows on 16-byte boundaries along unit-stride
+    columns (``aligned``), N a whole number of 16-byte vectors, and a row short enough for one chunk
+    per SM (kernels/smem.max_row)."""
+    if not (not s.backward and s.N > SMEM_MIN_N and s.aligned and s.device.sm_version >= SMEM_MIN_SM
+            and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
         return False
     from .kernels import smem
 
@@ -165,12 +166,11 @@ RULES: tuple[Rule, ...] = (
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
     Rule("smem", "few 16-bit long rows, more than coop holds at once (forward): smem's 16-bit chunks read each "
          "element once, split reads it twice",
-         lambda s: few_rows(s) and s.dtype.itemsize <= 2 and not s.backward and not coop_holds_all(s)
-         and s.N > SMEM_MIN_N and smem_takes(s)),
+         lambda s: few_rows(s) and s.dtype.itemsize <= 2 and not coop_holds_all(s) and smem_takes(s)),
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
     Rule("smem", "many long rows on 16-byte boundaries (forward): one cooperative launch, each chunk held in "
-         "shared memory in the input dtype", lambda s: not s.backward and s.N > SMEM_MIN_N and smem_takes(s)),
+         "shared memory in the input dtype", smem_takes),
     Rule("online", "many 16-bit rows of up to 64K (forward): the second read mostly hits L2, ahead of coop",
          lambda s: s.dtype.itemsize <= 2 and not s.backward and not few_rows(s)
          and n_bucket(s.N) <= ONLINE_16BIT_MAX_N),
