@@ -1,10 +1,11 @@
-"""Compile the smem forward kernel for sm_90 without a GPU and print what the compiler made of it, as
+"""Compile the smem kernels (forward, backward) for sm_90 without a GPU and print what the compiler made of it, as
 JSON (test_smem.py runs this in a process of its own: under TRITON_INTERPRET the @triton.jit helpers the
 Gluon kernel calls are interpreter objects that Gluon cannot compile).
 
-    python tests/smem_compile.py '[["bf16", "bf16", {"BLOCK": 4096, ...}, 4, {"LOG": 1}], ...]'
+    python tests/smem_compile.py '[["fwd", "bf16", "bf16", {"BLOCK": 4096, ...}, 4, {"LOG": 1}], ...]'
 
-Each case: input dtype, output dtype, constexprs of a config, num_warps, flags. Prints a list of
+Each case: the kernel ("fwd", or "bwd": dy and y of the input dtype, dx of the output dtype), input
+dtype, output dtype, constexprs of a config, num_warps, flags. Prints a list of
 {"ptx": ..., "shared": ...}; N and the strides carry no divisibility hint (the kernel must know its
 vectors without one); pointers are 16-byte aligned, as a launch on aligned rows gets them."""
 
@@ -21,23 +22,30 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from tritonsoftmax.kernels import smem  # noqa: E402
 
 
-def compile_case(dtype: str, out_dtype: str, meta: dict, num_warps: int, flags: dict) -> dict:
-    kernel = smem._softmax_smem_fwd_kernel
+def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: int, flags: dict) -> dict:
+    if which == "fwd":
+        kernel = smem._softmax_smem_fwd_kernel
+        pointers = {"x_ptr": "*" + dtype, "y_ptr": "*" + out_dtype}
+        defaults = {"LOG": 0, "ZERO_MASKED": 0}
+    else:
+        kernel = smem._softmax_smem_bwd_kernel
+        pointers = {"dy_ptr": "*" + dtype, "y_ptr": "*" + dtype, "dx_ptr": "*" + out_dtype}
+        defaults = {"LOG": 0}
+    pointers.update({"ws_ptr": "*fp32", "sync_ptr": "*i32"})
     sig, const, attrs = {}, {}, {}
-    pointers = {"x_ptr": "*" + dtype, "y_ptr": "*" + out_dtype, "ws_ptr": "*fp32", "sync_ptr": "*i32"}
     for i, name in enumerate(kernel.arg_names):
         if name in pointers:
             sig[name] = pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name == "scale":
             sig[name] = "fp32"
-        elif name in ("INNER", "stride_x_col", "stride_y_col"):
+        elif name == "INNER" or name.endswith("_col"):
             sig[name], const[name] = "constexpr", 1
         elif name in ("M", "N", "N_BUCKET", "M_BUCKET") or name.startswith("stride"):
             sig[name] = "i32"
         else:
             sig[name] = "constexpr"
-    const.update({"LOG": 0, "ZERO_MASKED": 0, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, **meta, **flags})
+    const.update({**defaults, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, **meta, **flags})
     compiled = triton.compile(GluonASTSource(kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True})
     return {"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}

@@ -29,9 +29,10 @@ def test_fused_capacity_follows_register_file():
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (16384, "fused", "fused", "fused", "fused"), (16385, "fused", "fused", "coop", "fused"),
     (32768, "fused", "fused", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
-    (65536, "smem", "smem", "coop", "coop"), (65537, "coop", "coop", "coop", "coop"),
-    (262144, "smem", "smem", "coop", "coop"), (2**20, "smem", "smem", "coop", "coop"),
-    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "online", "online"),
+    (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
+    (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "coop", "smem"),
+    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "online", "smem"),
+    (2**21, "smem", "smem", "online", "smem"), (2**21 + 8, "smem", "smem", "online", "online"),
     (8388608, "online", "online", "online", "online")])
 def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -47,12 +48,13 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
 
 
 @pytest.mark.parametrize("M,N,fp32,bf16_fwd,bf16_bwd", [
-    (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "split"),
-    (32, 152064, "coop", "coop", "coop"), (1, 131072, "coop", "coop", "coop"), (8, 131072, "coop", "coop", "coop"),
-    (4, 1048576, "coop", "coop", "coop"), (8, 1048576, "coop", "smem", "coop"),
-    (40, 131072, "coop", "coop", "coop"), (48, 131072, "coop", "smem", "coop"),
-    (128, 131072, "coop", "smem", "coop"), (263, 65536, "coop", "smem", "coop"),
+    (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "smem"),
+    (32, 152064, "coop", "coop", "smem"), (1, 131072, "coop", "coop", "smem"), (8, 131072, "coop", "coop", "smem"),
+    (4, 1048576, "coop", "coop", "smem"), (8, 1048576, "coop", "smem", "smem"),
+    (40, 131072, "coop", "coop", "smem"), (48, 131072, "coop", "smem", "smem"),
+    (128, 131072, "coop", "smem", "smem"), (263, 65536, "coop", "smem", "smem"),
     (2, 4194304, "split", "smem", "split"), (2, 4194312, "split", "split", "split"),
+    (8, 1048572, "coop", "split", "coop"), (8, 32768, "coop", "coop", "coop"),
     (8, 16384, "fused", "fused", "fused")])
 def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_smem_or_split(
         M, N, fp32, bf16_fwd, bf16_bwd):

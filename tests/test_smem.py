@@ -32,29 +32,32 @@ def smem():
     return module
 
 
-CASES = [(dt, dt, flags) for dt in ("bf16", "fp16", "fp32")
-         for flags in ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1})]
-CASES.append(("bf16", "fp32", {}))
+FLAG_CASES = ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1})
+CASES = [("fwd", dt, dt, flags) for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
+CASES.append(("fwd", "bf16", "fp32", {}))
+CASES += [("bwd", dt, dt, {k: v for k, v in flags.items() if k != "ZERO_MASKED"})
+          for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
 
 
 @pytest.fixture(scope="module")
 def compiled_sm90() -> dict:
-    """Every case of CASES compiled for sm_90 by tests/smem_compile.py, in one process of its own."""
+    """Every case of CASES compiled for sm_90 by tests/smem_compile.py, in one process of its own
+    (the forward with its heuristic config at 4096x65536, the backward with its own)."""
     import json
     import os
     import subprocess
     import sys
 
-    config = smem()._heuristic(SM90, 4096, 65536)
-    cases = [[dt, out, dict(config.meta), config.num_warps, flags] for dt, out, flags in CASES]
+    configs = {"fwd": smem()._heuristic(SM90, 4096, 65536), "bwd": smem()._bwd_heuristic(SM90, 4096, 65536)}
+    cases = [[k, dt, out, dict(configs[k].meta), configs[k].num_warps, flags] for k, dt, out, flags in CASES]
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, os.path.join(here, "smem_compile.py"), json.dumps(cases)],
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
-    found = {(dt, out, json.dumps(flags)): r for (dt, out, flags), r in zip(CASES, results, strict=True)}
-    return {"config": config, **found}
+    found = {(k, dt, out, json.dumps(flags)): r for (k, dt, out, flags), r in zip(CASES, results, strict=True)}
+    return {"config": configs["fwd"], "bwd_config": configs["bwd"], **found}
 
 
 @pytest.mark.parametrize("dtype,bits", [("bf16", 16), ("fp16", 16), ("fp32", 32)])
@@ -64,7 +67,7 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
     import json
 
     config = compiled_sm90["config"]
-    compiled = compiled_sm90[(dtype, dtype, json.dumps(flags))]
+    compiled = compiled_sm90[("fwd", dtype, dtype, json.dumps(flags))]
     ptx = compiled["ptx"]
     threads = config.num_warps * 32
     vectors = config["TILES"] * config["BLOCK"] * bits // 128 // threads  # 16-byte vectors a thread holds
@@ -81,30 +84,61 @@ def test_first_pass_takes_the_max_of_raw_values_with_their_sign_flipped(compiled
     """16-bit: the first pass's max takes two lanes an instruction, on the loaded values with the sign
     bit xor-ed for a negative scale, never converted; fp32: no multiply by the scale before the max."""
     config = compiled_sm90["config"]
-    ptx = compiled_sm90[(dtype, dtype, "{}")]["ptx"]
+    ptx = compiled_sm90[("fwd", dtype, dtype, "{}")]["ptx"]
     per_thread = config["TILES"] * config["BLOCK"] // (config.num_warps * 32)
     pairs = per_thread // (2 if op != "f32" else 1)
     flipped_max = re.findall(rf"xor\.b32 t, %r\d+, %r\d+; max\.{op} %r\d+, %r\d+, t;", ptx)
     assert len(flipped_max) == 2 * pairs, "one per register, in the masked and the unmasked copy of the pass"
 
 
+@pytest.mark.parametrize("dtype,bits", [("bf16", 16), ("fp16", 16), ("fp32", 32)])
+@pytest.mark.parametrize("flags", [{}, {"LOG": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}],
+                         ids=["softmax", "log", "phase1", "phase2", "resident"])
+def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(compiled_sm90, dtype, bits, flags):
+    import json
+
+    config = compiled_sm90["bwd_config"]
+    compiled = compiled_sm90[("bwd", dtype, dtype, json.dumps(flags))]
+    ptx = compiled["ptx"]
+    vectors = config["TILES"] * config["BLOCK"] * bits // 128 // (config.num_warps * 32)
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)) == 2 * vectors
+    assert not re.search(r"cp\.async\.ca", ptx), "every copy 16 bytes wide (cp.async.cg)"
+    assert compiled["shared"] >= 2 * config["TILES"] * config["BLOCK"] * bits // 8, "dy and y both held"
+    stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
+    assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte dx stores"
+    assert ("atom.global" in ptx) == (flags.get("PHASE", 0) == 0), "the row barrier only in the single launch"
+
+
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
     config = compiled_sm90["config"]
-    ptx = compiled_sm90[("bf16", "fp32", "{}")]["ptx"]
+    ptx = compiled_sm90[("fwd", "bf16", "fp32", "{}")]["ptx"]
     per_thread = config["TILES"] * config["BLOCK"] // (config.num_warps * 32)
     assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == per_thread // 4
 
 
-def test_every_config_fits_and_covers_its_bucket():
+@pytest.mark.parametrize("which", ["FAMILY", "BWD_FAMILY"])
+def test_every_config_fits_and_covers_its_bucket(which):
     mod = smem()
-    for N in (32769, 65536, 131072, 262144, 1048576, mod.max_row(SM90)):
-        for config in mod._configs(SM90, 4096, N):
-            chunk = config["TILES"] * config["BLOCK"]
-            assert chunk <= mod.max_chunk_elements(SM90)
-            g = -(-N // chunk)
-            assert g <= SM90.sm_count and config["BLOCK_G"] >= g, (N, config)
-        h = mod._heuristic(SM90, 4096, N)
-        assert h["TILES"] * h["BLOCK"] <= mod.max_chunk_elements(SM90)
+    fam = getattr(mod, which)
+    most = mod.max_chunk_elements(SM90, fam.held)
+    assert most == (32768 if fam.held == 1 else 16384), "128 KB: fp32 x, or fp32 dy and y"
+    for M in (1, 8, 4096):
+        for N in (32769, 65536, 131072, 262144, 1048576, mod.max_row(SM90, fam.held)):
+            for config in fam.configs(SM90, M, N) + [fam.heuristic(SM90, M, N)]:
+                chunk = config["TILES"] * config["BLOCK"]
+                assert chunk <= most, (M, N, config)
+                g = -(-N // chunk)
+                assert g <= SM90.sm_count and config["BLOCK_G"] >= g, (M, N, config)
+
+
+def test_backward_heuristic_narrows_chunks_for_few_rows():
+    """16K-element chunks once the rows give 4 programs an SM, down to 4K for fewer (probe47:
+    bf16 8x131072 777 GB/s with 4K or 8K chunks, 739 with 16K; 32x152064 2037 with 16K)."""
+    chunk = {(M, N): smem()._bwd_heuristic(SM90, M, N) for M, N in [(4096, 65536), (32, 152064), (8, 131072),
+                                                                     (1, 131072), (1, 2**21)]}
+    assert {k: c["TILES"] * c["BLOCK"] for k, c in chunk.items()} == {
+        (4096, 65536): 16384, (32, 152064): 16384, (8, 131072): 4096, (1, 131072): 4096,
+        (1, 2**21): 16384}, "a 2M row needs 16K chunks to stay within one chunk an SM"
 
 
 def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
@@ -113,7 +147,8 @@ def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
             assert dispatch.choose(4096, N, dtype, SM90).impl == "smem", (dtype, N)
         assert dispatch.choose(4096, 32768, dtype, SM90).impl == "fused", "32K rows stay fused"
         assert dispatch.choose(4096, 65536, dtype, SM90, aligned=False).impl != "smem"
-        assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == "coop", "no smem backward"
+        assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == (
+            "coop" if dtype == torch.float32 else "smem"), "the 16-bit backward: fp32 stays on coop"
         assert dispatch.choose(8, 131072, dtype, SM90).impl in ("coop", "split"), "few rows keep their rules"
         assert dispatch.choose(4096, 65536, dtype, SM75).impl != "smem", "cp.async needs sm_80"
         assert dispatch.choose(4096, 65536, dtype, GFX942).impl != "smem"
@@ -135,6 +170,10 @@ def test_refuses_a_chunk_larger_than_shared_memory():
     x = torch.empty(1, 8 * 2**20)
     with pytest.raises(ValueError, match="does not fit in shared memory"):
         smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS)
+    x = torch.empty(1, 4 * 2**20)  # one 32K chunk an SM in the forward, two tensors' chunks in the backward
+    smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS)
+    with pytest.raises(ValueError, match="smem-bwd config .* does not fit in shared memory"):
+        smem().BWD_FAMILY.prepare(matrix_problem(x, x), None, SM90, flags={"LOG": 0})
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the interpreter stands in for a kernel that fails to compile")
@@ -160,6 +199,19 @@ def test_a_kernel_that_fails_on_its_first_call_hands_over_to_coop_with_one_warni
     with pytest.raises(Exception):  # noqa: B017 - whatever the interpreter raises for a Gluon kernel
         explicit(x, poisoned_like(x), 1.0)
     assert explicit.fallbacks == 0
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter stands in for a kernel that fails to compile")
+def test_a_backward_that_fails_on_its_first_call_hands_over_to_coops_backward():
+    y = torch.softmax(random_input((2, 8192), torch.float32, DEVICE, seed=5), -1)
+    dy = random_input((2, 8192), torch.float32, DEVICE, seed=6)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dy), None, SM90, flags={"LOG": 0})
+    dx = poisoned_like(dy)
+    with pytest.warns(RuntimeWarning, match="smem-bwd kernel failed"):
+        launch(dy, dx, y, 1.0)
+    assert launch.smem_error and launch.fallbacks == 1 and launch._coop.launches[0].family is coop.BWD_FAMILY
+    want = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+    assert (dx.double() - want).abs().max().item() <= 1e-6
 
 
 # --- on the GPU ---
@@ -285,18 +337,109 @@ def test_more_than_2_pow_31_elements():
 
 
 @pytest.mark.gpu
-def test_auto_runs_smem_and_its_backward_is_coops():
-    x = random_input((512, 65536), torch.bfloat16, DEVICE, seed=9).requires_grad_()
-    p = dispatch.plan("auto", 512, 65536, x.dtype, x.dtype, x.device)
-    assert p.impl == "smem"
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_auto_runs_smem_forward_and_its_16bit_backward(dtype):
+    x = random_input((512, 65536), dtype, DEVICE, seed=9).requires_grad_()
+    assert dispatch.plan("auto", 512, 65536, dtype, dtype, x.device).impl == "smem"
+    back = dispatch.plan("auto", 512, 65536, dtype, dtype, x.device, backward=True)
+    assert back.family is (coop.BWD_FAMILY if dtype == torch.float32 else smem().BWD_FAMILY)
     y = tritonsoftmax.softmax(x)
     assert_softmax_close(y.detach(), x.detach())
-    dy = random_input((512, 65536), torch.bfloat16, DEVICE, seed=10)
+    dy = random_input((512, 65536), dtype, DEVICE, seed=10)
     y.backward(dy)
-    xr = x.detach().double().requires_grad_()
-    torch.softmax(xr, -1).backward(dy.double())
-    assert (x.grad.double() - xr.grad).abs().max().item() <= 2e-2
-    assert dispatch.plan("smem", 512, 65536, x.dtype, x.dtype, x.device, backward=True).family is coop.BWD_FAMILY
+    assert_grad_close(x.grad, dy, y.detach())
+
+
+def assert_grad_close(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
+                      log: bool = False) -> None:
+    """dx against float64 from the same dy and y, relative to dx's largest magnitude."""
+    yd, dyd = y.double(), dy.double()
+    if log:
+        want = scale * (dyd - yd.exp() * dyd.sum(-1, keepdim=True))
+    else:
+        want = scale * yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    err = (dx.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+    assert err <= BWD_TOL[dy.dtype], f"relative dx error {err}"
+
+
+BWD_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log: bool = False):
+    x = random_input((M, N), torch.float32, DEVICE, seed=seed)
+    y = (torch.log_softmax if log else torch.softmax)(x, -1).to(dtype)
+    return y, random_input((M, N), dtype, DEVICE, seed=seed + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (8, 131072), (1, 131072), (32, 152064),
+                                 (2, 2097152), (17, 32776)])
+def test_backward_matches_float64(M, N, dtype):
+    if dtype == torch.float32 and N == 2097152:
+        N = 1048576  # two fp32 chunks of 16K an SM: rows up to 2M
+    y, dy = saved_output_and_gradient(M, N, dtype, seed=M + N)
+    dx = poisoned_like(dy)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, device_info(dy.device), flags={"LOG": 0})
+    launch(dy, dx, y, 1.0)
+    assert launch.fallbacks == 0
+    assert_grad_close(dx, dy, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("scale", [-0.5, 0.0, 3.0])
+@pytest.mark.parametrize("log", [False, True])
+def test_backward_log_and_scale_with_a_masked_last_chunk(log, scale, dtype):
+    y, dy = saved_output_and_gradient(264, 40968, dtype, seed=12, log=log)  # the last chunk is half empty
+    dx = poisoned_like(dy)
+    smem().launch_backward(dy, y, dx, scale=scale, log=log)
+    if scale:
+        assert_grad_close(dx, dy, y, scale, log)
+    else:
+        assert torch.equal(dx, torch.zeros_like(dx))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["padded-aligned", "padded-odd", "offset-base", "odd-n"])
+def test_backward_layouts_it_cannot_copy_run_coops_backward(case):
+    M, N = 64, 65536 + (4 if case == "odd-n" else 0)
+    y, dy = saved_output_and_gradient(M, N, torch.bfloat16, seed=3)
+
+    def placed(t):  # dy and y share one layout, as the kernels read them with one set of strides
+        if case == "padded-aligned":  # rows 16 bytes apart: smem
+            return t.new_empty(M, N + 8)[:, :N].copy_(t)
+        if case == "padded-odd":
+            return t.new_empty(M, N + 1)[:, :N].copy_(t)
+        if case == "offset-base":
+            return t.new_empty(M * N + 1)[1:].view(M, N).copy_(t)
+        return t
+
+    y, dy = placed(y), placed(dy)
+    dx = poisoned_like(dy)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, device_info(dy.device), flags={"LOG": 0})
+    launch(dy, dx, y, 1.0)
+    assert launch.fallbacks == (0 if case == "padded-aligned" else 1)
+    assert_grad_close(dx, dy, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 65536), (8, 131072), (3, 1000000)])
+def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
+    y, dy = saved_output_and_gradient(M, N, dtype, seed=M)
+    info = device_info(dy.device)
+    two = poisoned_like(dy)
+    smem().BWD_FAMILY.prepare(matrix_problem(dy, two), None, info, flags={"LOG": 0}, two_phase=True)(dy, two, y, 1.0)
+    dx = poisoned_like(dy)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, info, flags={"LOG": 0})
+    for _ in range(20):
+        launch(dy, dx, y, 1.0)
+    torch.cuda.synchronize()
+    assert launch.mode == ("ticketed" if M == 4096 else "resident")
+    assert torch.equal(dx, two)
+    assert_grad_close(dx, dy, y)
+    assert coop_counters_ready(dy.device, M)
 
 
 @pytest.mark.gpu

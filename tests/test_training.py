@@ -215,7 +215,7 @@ def test_gpu_gradients_long_and_few_rows(M, N, dtype, log):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "coop", "split"])
+@pytest.mark.parametrize("impl", ["auto", "coop", "split", "smem"])
 @pytest.mark.parametrize("M,N", [(64, 1000), (4, 1048576)])
 def test_cuda_graph_capture_and_replay_forward_and_backward(M, N, impl):
     x = random_input((M, N), torch.float32, DEVICE).requires_grad_()

@@ -83,7 +83,13 @@ SMEM_MIN_N = 32768
 # smem against split): bf16 128x65536 2280 against 1824, 200x65536 2498 / 1966, 64x131072 2212 / 1820,
 # 32x262144 2194 / 1816, 128x262144 2883 / 2196 (fp16 alike). Under that size coop stays ahead
 # (probe38: bf16 8x131072 coop 542, smem 435; 4x1048576 1372 / 1355; 32x152064 1498 / 1415).
-# cp.async, which the smem kernel copies with, came with sm_80.
+# The 16-bit backward of rows longer than SMEM_MIN_N goes to smem too, few rows or many (dy and y
+# chunks held in shared memory in their dtype, against coop's fp32 registers). H200, session 12
+# (bench/results/h200/session12-probes/probe47.log, one process, GB/s, smem against coop's backward):
+# bf16 4096x65536 4080 against 3592, fp16 4108 / 3584, bf16 4096x262144 4147 / 3675, 512x131072
+# 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700. fp32 stays on coop (4096x65536 4213
+# against smem's best 4179: two fp32 chunks fill shared memory as fast as coop's registers).
+# cp.async, which the smem kernels copy with, came with sm_80.
 SMEM_MIN_SM = 80
 
 
@@ -128,16 +134,16 @@ def coop_fits_at_once(s: Shape) -> bool:
 
 
 def smem_takes(s: Shape) -> bool:
-    """The smem family can take these rows: a forward (it has no backward of its own) of rows longer
-    than SMEM_MIN_N, NVIDIA sm_80+, a triton with Gluon, rows on 16-byte boundaries along unit-stride
+    """The smem family takes these rows: a forward, or a 16-bit backward, of rows longer than
+    SMEM_MIN_N, NVIDIA sm_80+, a triton with Gluon, rows on 16-byte boundaries along unit-stride
     columns (``aligned``), N a whole number of 16-byte vectors, and a row short enough for one chunk
-    per SM (kernels/smem.max_row)."""
-    if not (not s.backward and s.N > SMEM_MIN_N and s.aligned and s.device.sm_version >= SMEM_MIN_SM
-            and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
+    per SM (kernels/smem.max_row; the backward holds two tensors' chunks)."""
+    if not ((not s.backward or s.dtype.itemsize <= 2) and s.N > SMEM_MIN_N and s.aligned
+            and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
         return False
     from .kernels import smem
 
-    return n_bucket(s.N) <= smem.max_row(s.device)
+    return n_bucket(s.N) <= smem.max_row(s.device, held=2 if s.backward else 1)
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,8 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
+    Rule("smem", "16-bit long rows (backward): dy and y chunks held in shared memory in their dtype, each "
+         "element read once", lambda s: s.backward and smem_takes(s)),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),

@@ -17,9 +17,8 @@ ALL_FAMILY_NAMES = FAMILY_NAMES + GLUON_FAMILY_NAMES
 
 _loaded: dict = {}
 # The backward of each forward family: tile's is online's (both are the two-pass looped kernel).
-# smem's is coop's.
 _BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "split": "split", "coop": "coop",
-                    "smem": "coop"}
+                    "smem": "smem"}
 
 
 def family(name: str):
@@ -28,7 +27,8 @@ def family(name: str):
 
 
 def backward_family(name: str):
-    """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``, ``coop-bwd``)."""
+    """The backward Family of forward family ``name`` (``fused-bwd``, ``online-bwd``, ``split-bwd``, ``coop-bwd``,
+    ``smem-bwd``)."""
     return _load(f"{name}:bwd", _BACKWARD_MODULE.get(name, name), "BWD_FAMILY")
 
 

@@ -367,7 +367,12 @@ def combine_partials_at(parts_ptr, gs, G, VOLATILE: tl.constexpr):
 @triton.jit
 def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr):
     """The backward's row sum from G partial sums at parts_ptr[g] (VOLATILE as in combine_partials)."""
-    gs = tl.arange(0, BLOCK_G)
+    return sum_partials_at(parts_ptr, tl.arange(0, BLOCK_G), G, VOLATILE)
+
+
+@triton.jit
+def sum_partials_at(parts_ptr, gs, G, VOLATILE: tl.constexpr):
+    """sum_partials over the chunk indices ``gs``, built as for combine_partials_at."""
     return tl.sum(tl.load(parts_ptr + gs, mask=gs < G, other=0.0, volatile=VOLATILE), axis=0)
 
 

@@ -11,15 +11,17 @@ registers. H200 (bench/results/h200/session10-probes/probe37.log, one process, G
 fp32 4096x65536 3963 against coop's 3818. Session 11 took the first pass's max on the raw values
 (session11-probes/probe43.log: bf16 4096x65536 3785-3796 against 3694-3702 before) and gave it few
 16-bit rows beyond what coop holds at once (probe39/probe40: 20-30 % over split; dispatch.py).
+Session 12 added the backward (dy and y chunks both held; session12-probes/probe47.log: 16-bit
+4096x65536 4080-4108 against coop's 3584-3592, +13-15 %).
 
-The kernel is written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
+The kernels are written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
 Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
 (cp.async) and a triton with Gluon and its NVIDIA backend (compiled for sm_90 on 3.6 to 3.9 and
 run on 3.6; the API names that moved between them are looked up both ways below). Gluon has no
 interpreter: on the CPU the kernel can only be compiled (for sm_90, which the tests do), never run.
 It has not run on AMD and is never chosen there.
 
-What the kernel assumes, and :class:`SmemLaunch` checks before each launch (else the call runs
+What the kernels assume, and :class:`SmemLaunch` checks before each launch (else the call runs
 the coop family's kernel, which takes any layout): unit column strides, 16-byte aligned base
 pointers and row starts, and N a multiple of the 16-byte vector (so each vector of a row is wholly
 in or out of it, which 16-byte copies need).
@@ -30,13 +32,24 @@ from __future__ import annotations
 import warnings
 
 import torch
+import triton
 
-from ..config import LaunchConfig
+from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
-from ..dispatch import SMEM_MIN_SM
+from ..dispatch import COOP_PROGRAMS_PER_SM, SMEM_MIN_SM
 from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
 from . import _common, coop
-from ._common import DROP, SMEM_RESERVED_PER_PROGRAM, combine_partials_at, exp, row_offsets, store_out
+from ._common import (
+    DROP,
+    SMEM_RESERVED_PER_PROGRAM,
+    combine_partials_at,
+    exp,
+    grad_input,
+    grad_term,
+    row_offsets,
+    store_out,
+    sum_partials_at,
+)
 from .coop import CoopFamily, CoopLaunch, row_barrier, take_ticket
 
 try:
@@ -185,30 +198,100 @@ def _softmax_smem_fwd_kernel(
             store_out(y_row + cols, y, cols < n_vec, DROP if HINTS else 0)
 
 
-def max_chunk_elements(device: DeviceInfo) -> int:
-    """The longest chunk (elements) a config may give a program: MAX_CHUNK_BYTES of fp32, within
-    what one program may allocate on ``device``."""
-    return min(MAX_CHUNK_BYTES, device.shared_mem_per_block - SMEM_RESERVED_PER_PROGRAM) // 4
+@gluon.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
+def _softmax_smem_bwd_kernel(
+    dy_ptr, dx_ptr, ws_ptr, sync_ptr, y_ptr, scale, M, N, INNER,
+    stride_g_outer, stride_g_inner, stride_g_col,
+    stride_d_outer, stride_d_inner, stride_d_col,
+    N_BUCKET, M_BUCKET,
+    LOG: gl.constexpr, BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0,
+):
+    """dx of softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row
+    cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
+    grad_term(dy, y) over the chunk, the row's partial sums meet through coop's workspace and row
+    barrier, and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
+
+    dy_ptr, y_ptr: incoming gradient and saved output, one layout (stride_g_*); dx_ptr: the result
+    (stride_d_*). Unit column strides (stride_g_col and stride_d_col are not read), 16-byte aligned
+    base pointers and row starts, N a whole number of 16-byte vectors (SmemLaunch checks all of it).
+    scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, one word a program (its partial
+    sum); sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop backward. BLOCK: elements a copy group;
+    TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
+    HINTS: dx stores marked evict_first."""
+    VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
+    VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
+    NW: gl.constexpr = gl.num_warps()
+    tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
+    part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
+    row = ticket // G
+    chunk = ticket % G
+    n_vec = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
+    g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
+    d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
+    dyb = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    yb = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    offs = gl.arange(0, BLOCK, layout=tile_layout)
+    first = chunk * (TILES * BLOCK)
+    for t in gl.static_range(TILES):
+        cols = first + t * BLOCK + offs
+        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=cols < n_vec)
+        _async_load(yb.index(t), y_ptr + g_row + cols, mask=cols < n_vec)
+        cp.commit_group()
+    if PHASE != 2:
+        acc = gl.zeros([BLOCK], gl.float32, tile_layout)
+        for t in gl.static_range(TILES):
+            cp.wait_group(TILES - 1 - t)
+            dy = dyb.index(t).load(tile_layout).to(gl.float32)
+            y = yb.index(t).load(tile_layout).to(gl.float32)
+            acc += grad_term(dy, y, LOG)  # lanes past the row's end hold the copies' zero fill: they add 0
+        gl.store(ws_ptr + ticket, gl.sum(acc, 0))
+    else:
+        cp.wait_group(0)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE != 1:
+        red = sum_partials_at(ws_ptr + row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
+        for t in gl.static_range(TILES):
+            cols = first + t * BLOCK + offs
+            dy = dyb.index(t).load(tile_layout).to(gl.float32)
+            y = yb.index(t).load(tile_layout).to(gl.float32)
+            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), cols < n_vec, DROP if HINTS else 0)
 
 
-def max_row(device: DeviceInfo) -> int:
+def max_chunk_elements(device: DeviceInfo, held: int = 1) -> int:
+    """The longest chunk (elements) a config may give a program that holds ``held`` tensors' chunks
+    (forward 1: x; backward 2: dy and y): MAX_CHUNK_BYTES, counting 4 bytes an element of each (fp32),
+    within what one program may allocate on ``device``."""
+    return min(MAX_CHUNK_BYTES, device.shared_mem_per_block - SMEM_RESERVED_PER_PROGRAM) // (4 * held)
+
+
+def max_row(device: DeviceInfo, held: int = 1) -> int:
     """The longest row (elements) the family takes, a power of two (configs are sized on the N bucket):
     at most one longest chunk on each SM (coop.max_chunks)."""
-    return 1 << ((coop.max_chunks(device) * max_chunk_elements(device)).bit_length() - 1)
+    return 1 << ((coop.max_chunks(device) * max_chunk_elements(device, held)).bit_length() - 1)
 
 
-def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
-    """Chunks of 8K to 32K elements in copy groups of 2K-8K, 4 or 8 warps (16K chunks measured best)."""
-    out = []
-    for block in BLOCKS:
-        for chunk in (8192, 16384, 32768):
-            if chunk < block or chunk > max_chunk_elements(device):
-                continue
-            for nw in (4, 8):
-                c = coop.shape_config(device, N, block, nw, chunk // block)
-                if c["TILES"] * block <= max_chunk_elements(device) and c not in out:
-                    out.append(c)
-    return out
+def _config_space(held: int):
+    """The search space of a kernel that holds ``held`` tensors' chunks: chunks of 4K to 32K
+    elements (as many as fit) in copy groups of 2K-8K, 4 or 8 warps."""
+
+    def configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+        most = max_chunk_elements(device, held)
+        out = []
+        for block in BLOCKS:
+            for chunk in (4096, 8192, 16384, 32768):
+                if chunk < block or chunk > most:
+                    continue
+                for nw in (4, 8):
+                    c = coop.shape_config(device, N, block, nw, chunk // block)
+                    if c["TILES"] * block <= most and c not in out:
+                        out.append(c)
+        return out
+
+    return configs
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
@@ -218,12 +301,25 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return coop.shape_config(device, N, 2048, 4, min_tiles=8)
 
 
+def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    """Backward: 2K copy groups, 4 warps, chunks of 16K elements (64 KB of 16-bit dy and y) where the
+    rows give at least COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K (more programs
+    for few rows). H200 (session12-probes/probe47.log, one process, GB/s, against coop's backward):
+    bf16 4096x65536 16K chunks 4080 (8K: 4028) against 3592, fp16 4108 against 3584, bf16
+    4096x262144 4147 against 3675, 32x152064 2037 against 1659; bf16 8x131072 4K and 8K chunks 777,
+    16K 739, coop 700. fp32 4096x65536 runs 8K chunks at 4179 and 16K at 3703 against coop's 4213,
+    so the dispatcher keeps fp32 backward on coop."""
+    want = COOP_PROGRAMS_PER_SM * device.sm_count
+    chunk = min(16384, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
+    return coop.shape_config(device, N, 2048, 4, min_tiles=chunk // 2048)
+
+
 class SmemLaunch(CoopLaunch):
-    """CoopLaunch of the smem kernel. A call the kernel cannot take (base pointers off 16 bytes,
-    rows off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors)
-    runs the coop family's kernel (its heuristic config) instead; ``fallbacks`` counts the calls
-    that ran coop's kernel.
-    The layout is checked once, the base pointers on every call (two address reads).
+    """CoopLaunch of a smem kernel. A call the kernel cannot take (base pointers off 16 bytes, rows
+    off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors) runs
+    the coop family's kernel (forward or backward, its heuristic config) instead; ``fallbacks``
+    counts the calls that ran coop's kernel.
+    The layout is checked once, the base pointers on every call (two or three address reads).
 
     Gluon is experimental: should the kernel fail to compile or load on its first call (a triton
     or GPU it was not checked on; it compiles for sm_90 on triton 3.6-3.9 and ran on 3.6), a launch
@@ -231,7 +327,7 @@ class SmemLaunch(CoopLaunch):
     good, with the reason in ``smem_error``. A config given explicitly raises instead, so the tuner
     never times coop under smem's name."""
 
-    def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
+    def __init__(self, family: SmemFamily, problem: RowProblem, config: LaunchConfig | None,
                  device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None,
                  from_store: bool = False):
         if device.sm_version < SMEM_MIN_SM:
@@ -239,10 +335,12 @@ class SmemLaunch(CoopLaunch):
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         super().__init__(family, problem, config, device, flags, two_phase)
-        if self.config["TILES"] * self.config["BLOCK"] > max_chunk_elements(device):
-            raise ValueError(f"smem config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}-element "
-                             f"chunk does not fit in shared memory (at most {max_chunk_elements(device)}; rows of "
-                             f"up to {max_row(device)} elements on {device.name})")
+        most = max_chunk_elements(device, family.held)
+        if self.config["TILES"] * self.config["BLOCK"] > most:
+            raise ValueError(f"{family.name} config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}"
+                             f"-element chunk does not fit in shared memory (at most {most}; rows of up to "
+                             f"{max_row(device, family.held)} elements on {device.name})")
+        self.family = family
         self._flags, self._two_phase = dict(flags or {}), two_phase
         self._layout_ok: bool | None = None
         self._coop: CoopLaunch | None = None
@@ -255,7 +353,10 @@ class SmemLaunch(CoopLaunch):
         if self._layout_ok is None:
             self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
                                and self.problem.rows_aligned(x.element_size(), y.element_size()))
-        if self._layout_ok and self.smem_error is None and ((x.data_ptr() | y.data_ptr()) & (ALIGN_BYTES - 1)) == 0:
+        ptrs = x.data_ptr() | y.data_ptr()
+        if self.family.held == 2:
+            ptrs |= extra[0].data_ptr()  # the backward's saved output (dy's layout)
+        if self._layout_ok and self.smem_error is None and (ptrs & (ALIGN_BYTES - 1)) == 0:
             if self._started:
                 return super().__call__(x, y, *extra)
             try:
@@ -266,17 +367,24 @@ class SmemLaunch(CoopLaunch):
                 if not self._may_give_up:
                     raise
                 self.smem_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                warnings.warn(f"tritonsoftmax: the smem kernel failed on {self.device.name} ({self.smem_error}); "
-                              "running the coop family's kernel instead", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"tritonsoftmax: the {self.family.name} kernel failed on {self.device.name} "
+                              f"({self.smem_error}); running the coop family's kernel instead", RuntimeWarning,
+                              stacklevel=2)
         self.fallbacks += 1
         if self._coop is None:
-            self._coop = coop.FAMILY.prepare(self.problem, None, self.device, flags=self._flags,
-                                             two_phase=self._two_phase)
+            self._coop = self.family.fallback.prepare(self.problem, None, self.device, flags=self._flags,
+                                                      two_phase=self._two_phase)
         return self._coop(x, y, *extra)
 
 
 class SmemFamily(CoopFamily):
-    """The smem forward family: ``prepare`` gives a :class:`SmemLaunch`."""
+    """A smem family (forward or backward): ``prepare`` gives a :class:`SmemLaunch`. ``held``: the
+    tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
+    the calls the kernel cannot take."""
+
+    def __init__(self, name: str, kernel, heuristic, words: int, held: int, fallback: CoopFamily):
+        super().__init__(name, kernel, heuristic, words, configs=_config_space(held))
+        self.held, self.fallback = held, fallback
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
@@ -284,14 +392,9 @@ class SmemFamily(CoopFamily):
         return SmemLaunch(self, problem, config, device, flags, two_phase, from_store)
 
 
-FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, words=2, configs=_configs)
+FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, words=2, held=1, fallback=coop.FAMILY)
+BWD_FAMILY = SmemFamily(f"{IMPL}-bwd", _softmax_smem_bwd_kernel, _bwd_heuristic, words=1, held=2,
+                        fallback=coop.BWD_FAMILY)
 
-
-def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None = None, *, scale: float = 1.0,
-           log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
-    """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape) with the smem
-    kernel, ``config`` or the heuristic; a layout it cannot take runs the coop kernel (SmemLaunch)."""
-    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
-
-
-launch_backward = coop.launch_backward  # the backward is coop's (kernels/__init__.py); no shared-memory backward
+# A layout the kernels cannot take runs coop's (SmemLaunch).
+launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)
