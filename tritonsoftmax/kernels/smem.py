@@ -124,6 +124,16 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
     return m, gl.sum(sv, 0)
 
 
+@gluon.jit
+def _ticket_chunk(sync_ptr, M, N, TILES: gl.constexpr, BLOCK: gl.constexpr, PHASE: gl.constexpr,
+                  RESIDENT: gl.constexpr):
+    """(G, ticket, row, chunk): the programs a row has (chunks of TILES x BLOCK), this program's
+    ticket (coop.take_ticket), and the row and the chunk of it that the ticket names."""
+    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
+    return G, ticket, ticket // G, ticket % G
+
+
 @gluon.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
 def _softmax_smem_fwd_kernel(
     x_ptr, y_ptr, ws_ptr, sync_ptr, scale, M, N, INNER,
@@ -155,10 +165,7 @@ def _softmax_smem_fwd_kernel(
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
-    row = ticket // G
-    chunk = ticket % G
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT)
     # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
     # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
     n_vec = (N // VEC) * VEC
@@ -224,10 +231,7 @@ def _softmax_smem_bwd_kernel(
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
-    row = ticket // G
-    chunk = ticket % G
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT)
     n_vec = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
     g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
     d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
