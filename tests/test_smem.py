@@ -131,14 +131,23 @@ def test_every_config_fits_and_covers_its_bucket(which):
                 assert g <= SM90.sm_count and config["BLOCK_G"] >= g, (M, N, config)
 
 
-def test_backward_heuristic_narrows_chunks_for_few_rows():
-    """16K-element chunks once the rows give 4 programs an SM, down to 4K for fewer (probe47:
-    bf16 8x131072 777 GB/s with 4K or 8K chunks, 739 with 16K; 32x152064 2037 with 16K)."""
-    chunk = {(M, N): smem()._bwd_heuristic(SM90, M, N) for M, N in [(4096, 65536), (32, 152064), (8, 131072),
-                                                                     (1, 131072), (1, 2**21)]}
-    assert {k: c["TILES"] * c["BLOCK"] for k, c in chunk.items()} == {
-        (4096, 65536): 16384, (32, 152064): 16384, (8, 131072): 4096, (1, 131072): 4096,
-        (1, 2**21): 16384}, "a 2M row needs 16K chunks to stay within one chunk an SM"
+def test_backward_heuristic_narrows_chunks_for_few_rows_and_for_fp32():
+    """64 KB of dy and y (16K elements in 16-bit, 8K in fp32) once the rows give 4 programs an SM,
+    down to 4K elements for fewer (probe47/48: bf16 8x131072 777-855 GB/s with 4K chunks, 739-806
+    with 16K; fp32 4096x65536 4180 with 8K, 3676 with 16K)."""
+    shapes = [(4096, 65536), (32, 152064), (8, 131072), (1, 131072), (1, 2**21)]
+    for itemsize, want in ((2, [16384, 16384, 4096, 4096, 16384]), (4, [8192, 8192, 4096, 4096, 16384])):
+        got = [smem()._bwd_heuristic(SM90, M, N, itemsize) for M, N in shapes]
+        assert [c["TILES"] * c["BLOCK"] for c in got] == want, "a 2M row needs 16K chunks: one chunk an SM"
+
+
+@pytest.mark.parametrize("dtype,chunk", [(torch.bfloat16, 16384), (torch.float32, 8192)], ids=str)
+def test_a_backward_launch_sizes_its_chunks_by_the_dtype(dtype, chunk):
+    dy = torch.empty(4096, 65536, dtype=dtype, device="meta")
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dy), None, SM90, flags={"LOG": 0})
+    assert launch.config["TILES"] * launch.config["BLOCK"] == chunk
+    forward = smem().FAMILY.prepare(matrix_problem(dy, dy), None, SM90, flags=FLAGS)
+    assert forward.config["TILES"] * forward.config["BLOCK"] == 16384, "the forward's 16K chunks in every dtype"
 
 
 def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):

@@ -298,23 +298,29 @@ def _config_space(held: int):
     return configs
 
 
-def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
-    """Chunks of 16K elements in eight 2K copy groups, 4 warps: the best of every config at bf16 and
-    fp16 4096x65536 (3710/3742 GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32
-    4096x65536 (3976 against 3980; bench/results/h200/session10-probes/probe37.log, part D)."""
+def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4) -> LaunchConfig:
+    """Chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype (``itemsize`` is not
+    needed): the best of every config at bf16 and fp16 4096x65536 (3710/3742 GB/s) and bf16
+    4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
+    bench/results/h200/session10-probes/probe37.log, part D)."""
     return coop.shape_config(device, N, 2048, 4, min_tiles=8)
 
 
-def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
-    """Backward: 2K copy groups, 4 warps, chunks of 16K elements (64 KB of 16-bit dy and y) where the
-    rows give at least COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K (more programs
-    for few rows). H200 (session12-probes/probe47.log, one process, GB/s, against coop's backward):
-    bf16 4096x65536 16K chunks 4080 (8K: 4028) against 3592, fp16 4108 against 3584, bf16
-    4096x262144 4147 against 3675, 32x152064 2037 against 1659; bf16 8x131072 4K and 8K chunks 777,
-    16K 739, coop 700. fp32 4096x65536 runs 8K chunks at 4179 and 16K at 3703 against coop's 4213,
-    so the dispatcher keeps fp32 backward on coop."""
+BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
+
+
+def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2) -> LaunchConfig:
+    """Backward of ``itemsize``-byte dy and y: 2K copy groups, 4 warps, chunks of BWD_CHUNK_BYTES (16K
+    elements in 16-bit, 8K in fp32) where the rows give at least COOP_PROGRAMS_PER_SM programs an SM,
+    else narrower, down to 4K elements (more programs for few rows). H200
+    (session12-probes/probe47.log and probe48.log, one process, GB/s, against coop's backward): bf16
+    4096x65536 16K chunks 4080 (8K: 4017-4028) against 3549-3592, bf16 4096x262144 4130-4147 against
+    3655-3675, 32x152064 2037 against 1659; bf16 8x131072 4K chunks 777-855, 16K 739-806, coop
+    700-783. fp32 4096x65536: 8K chunks 4179-4180, 16K 3676-3703 (128 KB: one program an SM),
+    coop 4210-4213, so the dispatcher keeps fp32 backward on coop."""
     want = COOP_PROGRAMS_PER_SM * device.sm_count
-    chunk = min(16384, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
+    most = BWD_CHUNK_BYTES // (2 * itemsize)
+    chunk = min(most, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
     return coop.shape_config(device, N, 2048, 4, min_tiles=chunk // 2048)
 
 
@@ -338,7 +344,8 @@ class SmemLaunch(CoopLaunch):
             raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
-        super().__init__(family, problem, config, device, flags, two_phase)
+        chosen = config or family.heuristic(device, problem.M, problem.N, problem.itemsize)
+        super().__init__(family, problem, chosen, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
             raise ValueError(f"{family.name} config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}"
