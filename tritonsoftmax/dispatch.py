@@ -87,8 +87,9 @@ SMEM_MIN_N = 32768
 # chunks held in shared memory in their dtype, against coop's fp32 registers). H200, session 12
 # (bench/results/h200/session12-probes/probe47.log, one process, GB/s, smem against coop's backward):
 # bf16 4096x65536 4080 against 3592, fp16 4108 / 3584, bf16 4096x262144 4147 / 3675, 512x131072
-# 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700. fp32 stays on coop (4096x65536 4213
-# against smem's best 4179: two fp32 chunks fill shared memory as fast as coop's registers).
+# 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700. fp32 stays on coop: level at many rows
+# (probe48: 4096x65536 coop 4210, smem 4180 with its 8K fp32 chunks) and mixed at few (probe49:
+# -7 % at 4x1048576 to +29 % at 1x1048576).
 # cp.async, which the smem kernels copy with, came with sm_80.
 SMEM_MIN_SM = 80
 
