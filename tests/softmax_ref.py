@@ -35,6 +35,15 @@ def assert_softmax_close(y: torch.Tensor, x: torch.Tensor, dim: int = -1, out_dt
             assert dev <= tol * max(1.0, n ** 0.5) + 1e-6, f"row sum off by {dev:.3g}"
 
 
+def grad_reference(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, log: bool = False) -> torch.Tensor:
+    """dx in float64 from the incoming gradient and the saved output along the last dim:
+    scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""
+    yd, dyd = y.double(), dy.double()
+    if log:
+        return scale * (dyd - yd.exp() * dyd.sum(-1, keepdim=True))
+    return scale * yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+
+
 def poisoned_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
     """An output buffer filled with NaN, so an unwritten element cannot pass."""
     return torch.full_like(x, float("nan"), dtype=dtype or x.dtype)

@@ -4,7 +4,7 @@ forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule tha
 import pytest
 import torch
 from conftest import DEVICE
-from softmax_ref import assert_softmax_close, poisoned_like, random_input
+from softmax_ref import assert_softmax_close, grad_reference, poisoned_like, random_input
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
@@ -136,11 +136,7 @@ def test_realigned_backward_matches_reference(impl, config, dtype, N, log):
     x = random_input((9, N), torch.float32, DEVICE, seed=N + log)
     y = (torch.log_softmax(x, -1) if log else torch.softmax(x, -1)).to(dtype)
     dy = random_input((9, N), dtype, DEVICE, seed=7)
-    yd, dyd = y.double(), dy.double()
-    if log:
-        ref = dyd - yd.exp() * dyd.sum(-1, keepdim=True)
-    else:
-        ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    ref = grad_reference(dy, y, log=bool(log))
     rtol, atol = {torch.float32: (0, 1e-5), torch.float16: (2e-3, 4e-3)}[dtype]  # fp16 dx rounds at |dx| ~ 30
     for align in (1, 16 // y.element_size()):
         dx = poisoned_like(y)
@@ -161,8 +157,7 @@ def test_a_backward_of_odd_rows_chooses_the_realigned_path(impl, config):
     launches = getattr(prepared, "launches", None) or [getattr(prepared, "_first", prepared),
                                                        getattr(prepared, "_second", prepared)]
     assert all(p.flags["ALIGN"] == 4 for p in launches)
-    yd, dyd = y.double(), dy.double()
-    torch.testing.assert_close(dx.double(), yd * (dyd - (dyd * yd).sum(-1, keepdim=True)), rtol=0, atol=1e-6)
+    torch.testing.assert_close(dx.double(), grad_reference(dy, y), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl,config", CHOSEN, ids=[name for name, _ in CHOSEN])

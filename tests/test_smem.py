@@ -10,7 +10,14 @@ import re
 import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
-from softmax_ref import TOL, assert_softmax_close, coop_counters_ready, poisoned_like, random_input
+from softmax_ref import (
+    TOL,
+    assert_softmax_close,
+    coop_counters_ready,
+    grad_reference,
+    poisoned_like,
+    random_input,
+)
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
@@ -219,8 +226,7 @@ def test_a_backward_that_fails_on_its_first_call_hands_over_to_coops_backward():
     with pytest.warns(RuntimeWarning, match="smem-bwd kernel failed"):
         launch(dy, dx, y, 1.0)
     assert launch.smem_error and launch.fallbacks == 1 and launch._coop.launches[0].family is coop.BWD_FAMILY
-    want = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
-    assert (dx.double() - want).abs().max().item() <= 1e-6
+    assert (dx.double() - grad_reference(dy, y)).abs().max().item() <= 1e-6
 
 
 # --- on the GPU ---
@@ -362,11 +368,7 @@ def test_auto_runs_smem_forward_and_its_16bit_backward(dtype):
 def assert_grad_close(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
                       log: bool = False) -> None:
     """dx against float64 from the same dy and y, relative to dx's largest magnitude."""
-    yd, dyd = y.double(), dy.double()
-    if log:
-        want = scale * (dyd - yd.exp() * dyd.sum(-1, keepdim=True))
-    else:
-        want = scale * yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+    want = grad_reference(dy, y, scale, log)
     err = (dx.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
     assert err <= BWD_TOL[dy.dtype], f"relative dx error {err}"
 

@@ -349,7 +349,7 @@ class CoopLaunch:
     def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
                  device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
         self.problem, self.device = problem, device
-        self.config = config or family.heuristic(device, problem.M, problem.N)
+        self.config = config or family.default_config(device, problem)
         g = chunks(problem.N, dict(self.config.meta))
         if two_phase is None:
             two_phase = interpreter_active()
@@ -418,6 +418,10 @@ class CoopFamily(Family):
     def __init__(self, name: str, kernel, heuristic, words: int, configs=_configs):
         super().__init__(name, kernel, configs, heuristic, chunk_grid)
         self.words = words
+
+    def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
+        """The config a launch without a given or stored one runs: the heuristic for the shape."""
+        return self.heuristic(device, problem.M, problem.N)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,

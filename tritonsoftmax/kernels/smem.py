@@ -344,8 +344,7 @@ class SmemLaunch(CoopLaunch):
             raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
-        chosen = config or family.heuristic(device, problem.M, problem.N, problem.itemsize)
-        super().__init__(family, problem, chosen, device, flags, two_phase)
+        super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
             raise ValueError(f"{family.name} config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}"
@@ -391,11 +390,15 @@ class SmemLaunch(CoopLaunch):
 class SmemFamily(CoopFamily):
     """A smem family (forward or backward): ``prepare`` gives a :class:`SmemLaunch`. ``held``: the
     tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
-    the calls the kernel cannot take."""
+    the calls the kernel cannot take. Its heuristic also takes the input's element size."""
 
     def __init__(self, name: str, kernel, heuristic, words: int, held: int, fallback: CoopFamily):
         super().__init__(name, kernel, heuristic, words, configs=_config_space(held))
         self.held, self.fallback = held, fallback
+
+    def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
+        """The heuristic, told the input's element size (the backward sizes its chunks in bytes)."""
+        return self.heuristic(device, problem.M, problem.N, problem.itemsize)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
