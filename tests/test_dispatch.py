@@ -30,9 +30,9 @@ def test_fused_capacity_follows_register_file():
     (16384, "fused", "fused", "fused", "fused"), (16385, "fused", "fused", "coop", "fused"),
     (32768, "fused", "fused", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
-    (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "coop", "smem"),
-    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "online", "smem"),
-    (2**21, "smem", "smem", "online", "smem"), (2**21 + 8, "smem", "smem", "online", "online"),
+    (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
+    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),
+    (2**21, "smem", "smem", "smem", "smem"), (2**21 + 8, "smem", "smem", "online", "online"),
     (8388608, "online", "online", "online", "online")])
 def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -47,18 +47,18 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     assert dispatch.choose(8, 32768, torch.float32, SM90).impl == "coop"
 
 
-@pytest.mark.parametrize("M,N,fp32,bf16_fwd,bf16_bwd", [
-    (1, 8388608, "split", "split", "split"), (1, 2097152, "split", "split", "smem"),
-    (32, 152064, "coop", "coop", "smem"), (1, 131072, "coop", "coop", "smem"), (8, 131072, "coop", "coop", "smem"),
-    (4, 1048576, "coop", "coop", "smem"), (8, 1048576, "coop", "smem", "smem"),
-    (40, 131072, "coop", "coop", "smem"), (48, 131072, "coop", "smem", "smem"),
-    (128, 131072, "coop", "smem", "smem"), (263, 65536, "coop", "smem", "smem"),
-    (2, 4194304, "split", "smem", "split"), (2, 4194312, "split", "split", "split"),
-    (8, 1048572, "coop", "split", "coop"), (8, 32768, "coop", "coop", "coop"),
-    (8, 16384, "fused", "fused", "fused")])
+@pytest.mark.parametrize("M,N,fp32_fwd,fp32_bwd,bf16_fwd,bf16_bwd", [
+    (1, 8388608, "split", "split", "split", "split"), (1, 2097152, "split", "smem", "split", "smem"),
+    (32, 152064, "coop", "coop", "coop", "smem"), (1, 131072, "coop", "coop", "coop", "smem"),
+    (8, 131072, "coop", "coop", "coop", "smem"), (4, 1048576, "coop", "coop", "coop", "smem"),
+    (8, 1048576, "coop", "smem", "smem", "smem"), (40, 131072, "coop", "coop", "coop", "smem"),
+    (48, 131072, "coop", "coop", "smem", "smem"), (128, 131072, "coop", "coop", "smem", "smem"),
+    (263, 65536, "coop", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
+    (2, 4194312, "split", "split", "split", "split"), (8, 1048572, "coop", "smem", "split", "coop"),
+    (8, 32768, "coop", "coop", "coop", "coop"), (8, 16384, "fused", "fused", "fused", "fused")])
 def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_smem_or_split(
-        M, N, fp32, bf16_fwd, bf16_bwd):
-    for backward, bf16 in ((False, bf16_fwd), (True, bf16_bwd)):
+        M, N, fp32_fwd, fp32_bwd, bf16_fwd, bf16_bwd):
+    for backward, fp32, bf16 in ((False, fp32_fwd, bf16_fwd), (True, fp32_bwd, bf16_bwd)):
         assert dispatch.choose(M, N, torch.float32, SM90, backward).impl == fp32
         assert dispatch.choose(M, N, torch.bfloat16, SM90, backward).impl == bf16
         assert dispatch.choose(M, N, torch.float16, SM90, backward).impl == bf16
@@ -68,6 +68,19 @@ def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_
     assert dispatch.choose(264, 131072, torch.bfloat16, SM90, aligned=False).impl == "coop"
     assert dispatch.choose(263, 65536, torch.bfloat16, SM90, aligned=False).impl == "split", "smem needs aligned rows"
     assert dispatch.choose(263, 65540, torch.bfloat16, SM90).impl == "split", "smem needs whole 16-byte vectors"
+
+
+@pytest.mark.parametrize("M,N,impl", [
+    (1, 524288, "smem"), (2, 524288, "smem"), (4, 524288, "coop"), (8, 524288, "coop"), (16, 524288, "smem"),
+    (4096, 524288, "smem"), (1, 1048576, "smem"), (3, 1048576, "coop"), (4096, 262144, "coop"),
+    (2, 262144, "coop"), (1, 524289, "coop"), (4096, 524290, "coop"), (1, 524292, "smem")])
+def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_reads_once(M, N, impl):
+    """Rows of 524289 and 524290 fp32 elements are not whole 16-byte vectors, which smem copies: coop
+    keeps them."""
+    shape = dispatch.Shape(M, N, torch.float32, SM90, backward=True)
+    assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == impl
+    if impl == "coop" and N >= dispatch.SMEM_FP32_BWD_MIN_N and dispatch.smem_takes(shape):
+        assert dispatch.coop_holds_all(shape) and not dispatch.coop_rereads(shape)
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)

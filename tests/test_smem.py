@@ -376,6 +376,22 @@ def assert_grad_close(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, scale
 BWD_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,impl", [(2, 1048576, "smem"), (16, 524288, "smem"), (4, 1048576, "coop")])
+def test_auto_runs_the_fp32_backward_of_rows_from_512k_through_smem_unless_coop_holds_all(M, N, impl):
+    """Through autograd, as a user calls it: the forward as before, the backward by dispatch's
+    SMEM_FP32_BWD_MIN_N rule (2x1M: coop would re-read; 16x512K: more than coop holds at once)."""
+    x = random_input((M, N), torch.float32, DEVICE, seed=M + 5).requires_grad_()
+    back = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, backward=True)
+    assert back.impl == impl
+    assert back.family is (smem().BWD_FAMILY if impl == "smem" else coop.BWD_FAMILY)
+    y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((M, N), torch.float32, DEVICE, seed=M + 6)
+    y.backward(dy)
+    assert_grad_close(x.grad, dy, y.detach())
+
+
 def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log: bool = False):
     x = random_input((M, N), torch.float32, DEVICE, seed=seed)
     y = (torch.log_softmax if log else torch.softmax)(x, -1).to(dtype)

@@ -87,11 +87,20 @@ SMEM_MIN_N = 32768
 # chunks held in shared memory in their dtype, against coop's fp32 registers). H200, session 12
 # (bench/results/h200/session12-probes/probe47.log, one process, GB/s, smem against coop's backward):
 # bf16 4096x65536 4080 against 3592, fp16 4108 / 3584, bf16 4096x262144 4147 / 3675, 512x131072
-# 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700. fp32 stays on coop: level at many rows
-# (probe48: 4096x65536 coop 4210, smem 4180 with its 8K fp32 chunks) and mixed at few (probe49:
-# -7 % at 4x1048576 to +29 % at 1x1048576).
+# 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700.
 # cp.async, which the smem kernels copy with, came with sm_80.
 SMEM_MIN_SM = 80
+# The fp32 backward goes to smem for rows in this bucket or longer, few rows or many, unless coop
+# holds every program at once and reads each element once (coop_holds_all and not coop_rereads).
+# H200, session 13 (bench/results/h200/session13-probes/probe54.log, probe52.log; one process, GB/s,
+# smem against the rule before it, coop or split): 2048x524288 4049 against 3574, 512x524288 3991 /
+# 3565, 64x524288 3521 / 3294, 32x524288 3128 / 2930, 512x1048576 3670 / 3314, 32x1048576 3329 / 2873,
+# 2x1048576 2166 / 1804, 1x1048576 1467 / 1119, 2x524288 1492 / 1375, 32x2097152 2711 / 2450,
+# 1x2097152 2155 / 1866 (split 1900). Where coop holds everything and reads once it stays ahead or
+# level (4x1048576 coop 2390, smem 2241; 8x524288 2401 / 2286; 4x524288 2103 / 2108), and so it does
+# for shorter rows (4096 down to 1 rows of 65536-262144: smem within -4 % to +6 % of coop, e.g.
+# 2048x262144 4181 / 4228, 8x131072 1448 / 1484).
+SMEM_FP32_BWD_MIN_N = 524288
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -134,17 +143,36 @@ def coop_fits_at_once(s: Shape) -> bool:
     return coop_single_read(s) and coop_holds_all(s)
 
 
+def coop_rereads(s: Shape) -> bool:
+    """Coop's heuristic config for the shape reads its chunks twice (TILES > 1: the row needs more
+    chunks than max_chunks allows at the width its row count asks for)."""
+    from .kernels import coop
+
+    fam = coop.BWD_FAMILY if s.backward else coop.FAMILY
+    return fam.heuristic(s.device, s.M, s.N)["TILES"] > 1
+
+
 def smem_takes(s: Shape) -> bool:
-    """The smem family takes these rows: a forward, or a 16-bit backward, of rows longer than
-    SMEM_MIN_N, NVIDIA sm_80+, a triton with Gluon, rows on 16-byte boundaries along unit-stride
-    columns (``aligned``), N a whole number of 16-byte vectors, and a row short enough for one chunk
-    per SM (kernels/smem.max_row; the backward holds two tensors' chunks)."""
-    if not ((not s.backward or s.dtype.itemsize <= 2) and s.N > SMEM_MIN_N and s.aligned
-            and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
+    """The smem family can take these rows: longer than SMEM_MIN_N, NVIDIA sm_80+, a triton with
+    Gluon, rows on 16-byte boundaries along unit-stride columns (``aligned``), N a whole number of
+    16-byte vectors, and a row short enough for one chunk per SM (kernels/smem.max_row; the backward
+    holds two tensors' chunks)."""
+    if not (s.N > SMEM_MIN_N and s.aligned and s.device.sm_version >= SMEM_MIN_SM
+            and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
         return False
     from .kernels import smem
 
     return n_bucket(s.N) <= smem.max_row(s.device, held=2 if s.backward else 1)
+
+
+def smem_backward(s: Shape) -> bool:
+    """The backward runs smem's kernel: 16-bit rows it takes, and fp32 rows of SMEM_FP32_BWD_MIN_N
+    or longer unless coop holds every program at once and reads each element once."""
+    if not (s.backward and smem_takes(s)):
+        return False
+    if s.dtype.itemsize <= 2:
+        return True
+    return n_bucket(s.N) >= SMEM_FP32_BWD_MIN_N and (not coop_holds_all(s) or coop_rereads(s))
 
 
 @dataclass(frozen=True)
@@ -168,8 +196,8 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
-    Rule("smem", "16-bit long rows (backward): dy and y chunks held in shared memory in their dtype, each "
-         "element read once", lambda s: s.backward and smem_takes(s)),
+    Rule("smem", "long rows (backward; fp32 from 512K, unless coop holds all and reads once): dy and y "
+         "chunks held in shared memory in their dtype, each element read once", smem_backward),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
@@ -179,7 +207,7 @@ RULES: tuple[Rule, ...] = (
     Rule("split", "few long rows: M rows cannot fill the GPU, so each row is spread over many programs",
          few_rows),
     Rule("smem", "many long rows on 16-byte boundaries (forward): one cooperative launch, each chunk held in "
-         "shared memory in the input dtype", smem_takes),
+         "shared memory in the input dtype", lambda s: not s.backward and smem_takes(s)),
     Rule("online", "many 16-bit rows of up to 64K (forward): the second read mostly hits L2, ahead of coop",
          lambda s: s.dtype.itemsize <= 2 and not s.backward and not few_rows(s)
          and n_bucket(s.N) <= ONLINE_16BIT_MAX_N),

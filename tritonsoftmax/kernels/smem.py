@@ -317,7 +317,9 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2) -> Lau
     4096x65536 16K chunks 4080 (8K: 4017-4028) against 3549-3592, bf16 4096x262144 4130-4147 against
     3655-3675, 32x152064 2037 against 1659; bf16 8x131072 4K chunks 777-855, 16K 739-806, coop
     700-783. fp32 4096x65536: 8K chunks 4179-4180, 16K 3676-3703 (128 KB: one program an SM),
-    coop 4210-4213, so the dispatcher keeps fp32 backward on coop."""
+    coop 4210-4213, so the dispatcher keeps fp32 rows of that length on coop; from 512K it gives them to
+    smem (dispatch.SMEM_FP32_BWD_MIN_N; session13-probes/probe54.log: 2048x524288 4049 against coop's
+    3585)."""
     want = COOP_PROGRAMS_PER_SM * device.sm_count
     most = BWD_CHUNK_BYTES // (2 * itemsize)
     chunk = min(most, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
