@@ -55,6 +55,7 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     (48, 131072, "coop", "coop", "smem", "smem"), (128, 131072, "coop", "coop", "smem", "smem"),
     (263, 65536, "coop", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
     (2, 4194312, "split", "split", "split", "split"), (8, 1048572, "coop", "smem", "split", "coop"),
+    (24, 1048576, "smem", "smem", "smem", "smem"),
     (8, 32768, "coop", "coop", "coop", "coop"), (8, 16384, "fused", "fused", "fused", "fused")])
 def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_backward_else_smem_or_split(
         M, N, fp32_fwd, fp32_bwd, bf16_fwd, bf16_bwd):
@@ -81,6 +82,18 @@ def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == impl
     if impl == "coop" and N >= dispatch.SMEM_FP32_BWD_MIN_N and dispatch.smem_takes(shape):
         assert dispatch.coop_holds_all(shape) and not dispatch.coop_rereads(shape)
+
+
+@pytest.mark.parametrize("M,N,impl", [
+    (32, 524288, "smem"), (16, 524288, "coop"), (16, 1048576, "smem"), (8, 1048576, "coop"), (200, 1048576, "smem"),
+    (8, 2097152, "smem"), (4, 2097152, "split"), (1, 1048576, "coop"), (200, 262144, "coop"),
+    (8, 4194304, "split"), (32, 524289, "coop"), (264, 1048576, "smem")])
+def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, impl):
+    """The forward: 16M elements and up (more than 2 x 5.4M), rows of the 512K-2M buckets; 8M stays on
+    coop or split, the 4M bucket (unmeasured) on split; 524289 fp32 elements are not whole 16-byte
+    vectors; 264 rows are many rows (smem's many-row rule)."""
+    assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
+    assert dispatch.choose(M, N, torch.float32, GFX942).impl not in ("smem", "coop")
 
 
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)

@@ -392,6 +392,16 @@ def test_auto_runs_the_fp32_backward_of_rows_from_512k_through_smem_unless_coop_
     assert_grad_close(x.grad, dy, y.detach())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,impl", [(24, 1048576, "smem"), (8, 2097152, "smem"), (16, 524288, "coop")])
+def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_holds(M, N, impl):
+    x = random_input((M, N), torch.float32, DEVICE, seed=M + 7)
+    assert dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device).impl == impl
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    got = tritonsoftmax.log_softmax(x).double()
+    torch.testing.assert_close(got, torch.log_softmax(x.double(), -1), atol=2e-5, rtol=1e-5)
+
+
 def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log: bool = False):
     x = random_input((M, N), torch.float32, DEVICE, seed=seed)
     y = (torch.log_softmax if log else torch.softmax)(x, -1).to(dtype)

@@ -100,7 +100,17 @@ SMEM_MIN_SM = 80
 # level (4x1048576 coop 2390, smem 2241; 8x524288 2401 / 2286; 4x524288 2103 / 2108), and so it does
 # for shorter rows (4096 down to 1 rows of 65536-262144: smem within -4 % to +6 % of coop, e.g.
 # 2048x262144 4181 / 4228, 8x131072 1448 / 1484).
+# Few fp32 rows of this bucket or longer go to smem in the forward too, once they hold more than
+# SMEM_FP32_FEW_ROWS_BEYOND times what coop holds at once (10.8M elements on the H200). H200, session 13
+# (session13-probes/probe55.log, one process, GB/s, smem against the rule before it, coop or split):
+# 32x524288 2800 / 2626, 128x524288 3602 / 3189, 16x1048576 2741 / 2583, 64x1048576 3483 / 2870,
+# 8x2097152 2617 / 2443, 64x2097152 3468 / 2593, 200x2097152 3578 / 2564. At 8M elements coop or
+# split stays ahead (16x524288 coop 2437 against smem's 2233, 8x1048576 2367 / 2169, 4x2097152 split
+# 2257 / 2093), and below 512K smem gains at most 4 % (200x131072 3248 / 3116). Rows of the 4M bucket
+# (one 128 KB chunk an SM) were not measured and stay split.
 SMEM_FP32_BWD_MIN_N = 524288
+SMEM_FP32_FEW_ROWS_BEYOND = 2
+SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -133,9 +143,9 @@ def coop_single_read(s: Shape) -> bool:
     return s.device.backend == "cuda" and n_bucket(s.N) <= s.device.sm_count * COOP_CHUNK
 
 
-def coop_holds_all(s: Shape) -> bool:
-    """No more elements than COOP_RESIDENT_PER_SM chunks of COOP_CHUNK on every SM."""
-    return s.M * s.N <= s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
+def coop_holds_all(s: Shape, times: int = 1) -> bool:
+    """No more elements than ``times`` x COOP_RESIDENT_PER_SM chunks of COOP_CHUNK on every SM."""
+    return s.M * s.N <= times * s.device.sm_count * COOP_RESIDENT_PER_SM * COOP_CHUNK
 
 
 def coop_fits_at_once(s: Shape) -> bool:
@@ -163,6 +173,14 @@ def smem_takes(s: Shape) -> bool:
     from .kernels import smem
 
     return n_bucket(s.N) <= smem.max_row(s.device, held=2 if s.backward else 1)
+
+
+def smem_few_fp32_rows(s: Shape) -> bool:
+    """Few fp32 rows (forward) in the buckets SMEM_FP32_BWD_MIN_N to SMEM_FP32_FEW_ROWS_MAX_N that smem
+    takes, holding more than SMEM_FP32_FEW_ROWS_BEYOND times what coop holds at once."""
+    return (not s.backward and s.dtype.itemsize >= 4 and few_rows(s)
+            and SMEM_FP32_BWD_MIN_N <= n_bucket(s.N) <= SMEM_FP32_FEW_ROWS_MAX_N
+            and not coop_holds_all(s, SMEM_FP32_FEW_ROWS_BEYOND) and smem_takes(s))
 
 
 def smem_backward(s: Shape) -> bool:
@@ -198,6 +216,8 @@ RULES: tuple[Rule, ...] = (
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
     Rule("smem", "long rows (backward; fp32 from 512K, unless coop holds all and reads once): dy and y "
          "chunks held in shared memory in their dtype, each element read once", smem_backward),
+    Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
+         "run ahead of coop's and split's", smem_few_fp32_rows),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
