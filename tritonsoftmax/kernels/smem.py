@@ -183,14 +183,20 @@ def _softmax_smem_fwd_kernel(
             m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, tile_layout)
         else:
             m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, tile_layout)
-        gl.store(ws_ptr + 2 * ticket, m)
-        gl.store(ws_ptr + 2 * ticket + 1, s)
     else:
         cp.wait_group(0)
-    if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE == 0 and G == 1:  # the chunk is the row: its (m, s) is the row's, nothing to exchange
+        m_r = m
+        s_r = s
+    else:
+        if PHASE != 2:
+            gl.store(ws_ptr + 2 * ticket, m)
+            gl.store(ws_ptr + 2 * ticket + 1, s)
+        if PHASE == 0:
+            row_barrier(sync_ptr + 1 + row, G, chunk)
+        if PHASE != 1:
+            m_r, s_r = combine_partials_at(ws_ptr + 2 * row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
     if PHASE != 1:
-        m_r, s_r = combine_partials_at(ws_ptr + 2 * row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
@@ -251,13 +257,19 @@ def _softmax_smem_bwd_kernel(
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
             acc += grad_term(dy, y, LOG)  # lanes past the row's end hold the copies' zero fill: they add 0
-        gl.store(ws_ptr + ticket, gl.sum(acc, 0))
+        part = gl.sum(acc, 0)
     else:
         cp.wait_group(0)
-    if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE == 0 and G == 1:  # the chunk is the row: nothing to exchange
+        red = part
+    else:
+        if PHASE != 2:
+            gl.store(ws_ptr + ticket, part)
+        if PHASE == 0:
+            row_barrier(sync_ptr + 1 + row, G, chunk)
+        if PHASE != 1:
+            red = sum_partials_at(ws_ptr + row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
     if PHASE != 1:
-        red = sum_partials_at(ws_ptr + row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
