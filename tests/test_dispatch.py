@@ -27,8 +27,10 @@ def test_fused_capacity_follows_register_file():
 
 @pytest.mark.parametrize("N,forward32,forward16,backward32,backward16", [
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
-    (16384, "fused", "fused", "fused", "fused"), (16385, "fused", "fused", "coop", "fused"),
-    (32768, "fused", "fused", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
+    (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "smem", "fused", "smem"),
+    (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "coop", "fused"),
+    (16392, "fused", "smem", "coop", "fused"), (32768, "fused", "smem", "coop", "fused"),
+    (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
     (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),

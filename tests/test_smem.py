@@ -157,11 +157,25 @@ def test_a_backward_launch_sizes_its_chunks_by_the_dtype(dtype, chunk):
     assert forward.config["TILES"] * forward.config["BLOCK"] == 16384, "the forward's 16K chunks in every dtype"
 
 
+@pytest.mark.parametrize("N,chunk,warps", [(8200, 16384, 4), (16384, 16384, 4), (24576, 32768, 8), (32768, 32768, 8),
+                                           (32776, 16384, 4), (65536, 16384, 4)])
+def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
+    """One chunk a row (G = 1: the kernel then skips the exchange) up to the 32K bucket, 16K chunks beyond."""
+    c = smem()._heuristic(SM90, 4096, N)
+    assert (c["TILES"] * c["BLOCK"], c.num_warps) == (chunk, warps)
+    assert (c["BLOCK_G"] == 1) == (N <= 32768)
+
+
 def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for N in (32776, 50176, 65536, 262144, 2**20):
             assert dispatch.choose(4096, N, dtype, SM90).impl == "smem", (dtype, N)
-        assert dispatch.choose(4096, 32768, dtype, SM90).impl == "fused", "32K rows stay fused"
+        assert dispatch.choose(4096, 32768, dtype, SM90).impl == (
+            "fused" if dtype == torch.float32 else "smem"), "32K rows: fp32 fused, 16-bit one smem chunk"
+        assert dispatch.choose(4096, 16384, dtype, SM90, aligned=False).impl == "fused"
+        assert dispatch.choose(4096, 8192, dtype, SM90).impl == "fused"
+        assert dispatch.choose(200, 16384, dtype, SM90).impl != "smem", "few rows keep fused"
+        assert dispatch.choose(4096, 16384, dtype, GFX942).impl == "fused"
         assert dispatch.choose(4096, 65536, dtype, SM90, aligned=False).impl != "smem"
         assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == (
             "coop" if dtype == torch.float32 else "smem"), "the 16-bit backward: fp32 stays on coop"
@@ -270,14 +284,16 @@ def test_every_kind_of_config(config):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("scale", [0.25, -0.5])
 @pytest.mark.parametrize("log", [False, True])
-def test_scale_log_and_extreme_values(log, scale, dtype):
+@pytest.mark.parametrize("N", [50176, 12000])
+def test_scale_log_and_extreme_values(N, log, scale, dtype):
     """50176 = 3 x 16384 + 1024: each row's last chunk is masked, and a negative scale must not turn
-    its masked lanes into +inf. The first pass takes max or min (negative scale) of the raw values,
-    16-bit lanes two at a time: inf, -inf and NaN must come out as the float64 reference has them."""
-    x = random_input((300, 50176), torch.float32, DEVICE, seed=7) * 100  # exp overflows without the max
+    its masked lanes into +inf; 12000: the row is one masked 16K chunk (no exchange). The first pass
+    takes max or min (negative scale) of the raw values, 16-bit lanes two at a time: inf, -inf and NaN
+    must come out as the float64 reference has them."""
+    x = random_input((300, N), torch.float32, DEVICE, seed=7) * 100  # exp overflows without the max
     x[1] = float("-inf")
     x[2, ::3] = float("-inf")
-    x[3, 12345] = float("inf")
+    x[3, N // 2 + 345] = float("inf")
     x[4, 777] = float("nan")
     x[5, -1] = float("inf")  # in the masked last chunk
     x[6] = float("inf")
@@ -400,6 +416,26 @@ def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_h
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     got = tritonsoftmax.log_softmax(x).double()
     torch.testing.assert_close(got, torch.log_softmax(x.double(), -1), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,dtype,backward_impl", [(300, 16384, torch.bfloat16, "smem"),
+                                                     (264, 24576, torch.float16, "fused"),
+                                                     (300, 12000, torch.bfloat16, "smem")], ids=str)
+def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, backward_impl):
+    """The forward of the 16K and 32K buckets, the backward of the 16K bucket: one chunk a row, no exchange."""
+    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
+    fwd = dispatch.plan("auto", M, N, dtype, dtype, x.device)
+    assert fwd.impl == "smem" and fwd.family.heuristic(fwd.device, M, N)["BLOCK_G"] == 1
+    assert dispatch.plan("auto", M, N, dtype, dtype, x.device, backward=True).impl == backward_impl
+    y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    y.backward(dy)
+    assert_grad_close(x.grad, dy, y.detach())
+    ref = torch.log_softmax(x.detach().double(), -1)
+    got = tritonsoftmax.log_softmax(x.detach()).double()
+    assert ((got - ref).abs() <= 1e-3 + 2.0 ** -7 * ref.abs()).all()
 
 
 def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log: bool = False):

@@ -111,6 +111,17 @@ SMEM_MIN_SM = 80
 SMEM_FP32_BWD_MIN_N = 524288
 SMEM_FP32_FEW_ROWS_BEYOND = 2
 SMEM_FP32_FEW_ROWS_MAX_N = 2097152
+# Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
+# whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
+# with nothing to exchange, skips the workspace and the row barrier (which probe57/58 put at ~3.3 us
+# of a ~13 us program). H200, session 13 (session13-probes/probe59.log, one process, GB/s, M = 4096,
+# smem against fused): forward bf16 16384 3707 / 3628, 32768 3856 / 3747; fp16 16384 3697 / 3579,
+# 32768 3863 / 3652; backward bf16 16384 4020 / 3897, fp16 4038 / 3896. Fused stays ahead at 8192
+# (forward bf16 3561 against 3418, backward 3811 / 3764), for the 16-bit backward of 32768 (a 32K
+# chunk of dy and y does not fit: two 16K chunks 4012 against 4074) and in fp32 (16384 3996 / 3884).
+SMEM_ONE_CHUNK_MIN_N = 8192
+SMEM_ONE_CHUNK_FWD_MAX_N = 32768
+SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
@@ -162,17 +173,28 @@ def coop_rereads(s: Shape) -> bool:
     return fam.heuristic(s.device, s.M, s.N)["TILES"] > 1
 
 
+def smem_copies(s: Shape) -> bool:
+    """The smem kernels can copy these rows: NVIDIA sm_80+, a triton with Gluon, rows on 16-byte
+    boundaries along unit-stride columns (``aligned``), N a whole number of 16-byte vectors."""
+    return (s.aligned and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize)
+            and gluon_available())
+
+
 def smem_takes(s: Shape) -> bool:
-    """The smem family can take these rows: longer than SMEM_MIN_N, NVIDIA sm_80+, a triton with
-    Gluon, rows on 16-byte boundaries along unit-stride columns (``aligned``), N a whole number of
-    16-byte vectors, and a row short enough for one chunk per SM (kernels/smem.max_row; the backward
-    holds two tensors' chunks)."""
-    if not (s.N > SMEM_MIN_N and s.aligned and s.device.sm_version >= SMEM_MIN_SM
-            and whole_vectors(s.N, s.dtype.itemsize) and gluon_available()):
+    """The smem family takes these long rows: longer than SMEM_MIN_N, ones it can copy (smem_copies),
+    and short enough for one chunk per SM (kernels/smem.max_row; the backward holds two tensors' chunks)."""
+    if not (s.N > SMEM_MIN_N and smem_copies(s)):
         return False
     from .kernels import smem
 
     return n_bucket(s.N) <= smem.max_row(s.device, held=2 if s.backward else 1)
+
+
+def smem_one_chunk_rows(s: Shape) -> bool:
+    """Many 16-bit rows of the 16K bucket (forward and backward) or the 32K bucket (forward) that smem
+    can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N)."""
+    top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
+    return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
 
 
 def smem_few_fp32_rows(s: Shape) -> bool:
@@ -209,6 +231,8 @@ def realigned_16bit_32k_rows(s: Shape) -> bool:
 RULES: tuple[Rule, ...] = (
     Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward): realigned online beats fused",
          realigned_16bit_32k_rows),
+    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K) on 16-byte boundaries: one program a row holds it "
+         "in shared memory in its dtype, with nothing to exchange", smem_one_chunk_rows),
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",

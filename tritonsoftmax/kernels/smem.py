@@ -62,6 +62,7 @@ except ImportError as e:  # a triton without Gluon or without its NVIDIA backend
 IMPL = "smem"
 BLOCKS = (2048, 4096, 8192)
 MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk (fp32: 32K elements)
+ONE_CHUNK_MAX = 32768  # the forward heuristic makes rows of up to this bucket one chunk
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
 
@@ -311,10 +312,15 @@ def _config_space(held: int):
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4) -> LaunchConfig:
-    """Chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype (``itemsize`` is not
-    needed): the best of every config at bf16 and fp16 4096x65536 (3710/3742 GB/s) and bf16
-    4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
-    bench/results/h200/session10-probes/probe37.log, part D)."""
+    """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype
+    (``itemsize`` is not needed): the best of every config at bf16 and fp16 4096x65536 (3710/3742
+    GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
+    bench/results/h200/session10-probes/probe37.log, part D). Rows of up to 32K (the N bucket): the
+    row is one chunk (no exchange), 8 warps for 32K: bf16 4096x32768 3856 against 3796 with 4 warps and
+    3511 with two 16K chunks; 4 warps for 16K, 3707 against 3662 (session13-probes/probe59.log)."""
+    nb = n_bucket(N)
+    if nb <= ONE_CHUNK_MAX:
+        return coop.shape_config(device, N, 2048, 8 if nb >= ONE_CHUNK_MAX else 4, min_tiles=max(1, nb // 2048))
     return coop.shape_config(device, N, 2048, 4, min_tiles=8)
 
 
