@@ -98,6 +98,19 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
     assert dispatch.choose(M, N, torch.float32, GFX942).impl not in ("smem", "coop")
 
 
+@pytest.mark.parametrize("M,N,forward16,backward16", [
+    (300, 12000, "fused", "smem"), (923, 16384, "fused", "smem"), (924, 16384, "smem", "smem"),
+    (300, 24576, "smem", "fused"), (264, 32768, "smem", "fused"), (263, 32768, "split", "coop"),
+    (4096, 8200, "smem", "smem"), (4096, 8192, "fused", "fused"), (4096, 12004, "fused", "fused")])
+def test_many_16bit_rows_of_8k_to_32k_go_to_smem_as_one_chunk(M, N, forward16, backward16):
+    """16K-bucket forwards from 7 rows an SM (924 on the H200); 32K only forward; 263 rows are few rows;
+    12004 bf16 elements are not whole 16-byte vectors."""
+    for dtype in (torch.bfloat16, torch.float16):
+        assert dispatch.choose(M, N, dtype, SM90).impl == forward16
+        assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == backward16
+    assert dispatch.choose(M, N, torch.float32, SM90).impl != "smem"
+
+
 @pytest.mark.parametrize("device", [GFX942, GFX1201], ids=lambda d: d.arch)
 def test_cooperative_kernels_are_not_picked_on_amd(device):
     for M, N in [(1, 131072), (4, 1048576), (4096, 65536), (4096, 262144)]:

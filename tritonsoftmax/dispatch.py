@@ -119,7 +119,13 @@ SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 # 32768 3863 / 3652; backward bf16 16384 4020 / 3897, fp16 4038 / 3896. Fused stays ahead at 8192
 # (forward bf16 3561 against 3418, backward 3811 / 3764), for the 16-bit backward of 32768 (a 32K
 # chunk of dy and y does not fit: two 16K chunks 4012 against 4074) and in fp32 (16384 3996 / 3884).
+# The forward of the 16K bucket wants SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows an SM (probe60.log, through
+# auto, GB/s): 300 rows lose to fused (bf16 300x12000 1197 / 1331, 300x16384 1571 / 1656; fp16 alike),
+# 1024 are level or ahead (bf16 1024x12000 2213 / 2256, 1024x16384 2917 / 2853; fp16 2341 / 2182,
+# 2824 / 2699), 4096 ahead (bf16 4096x12000 3270 / 3097). The 32K-bucket forward and the backward are
+# ahead from 300 rows on (bf16 300x32768 2065 / 1796, backward 300x16384 2194 / 2039).
 SMEM_ONE_CHUNK_MIN_N = 8192
+SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 
@@ -191,9 +197,11 @@ def smem_takes(s: Shape) -> bool:
 
 
 def smem_one_chunk_rows(s: Shape) -> bool:
-    """Many 16-bit rows of the 16K bucket (forward and backward) or the 32K bucket (forward) that smem
-    can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N)."""
+    """Many 16-bit rows of the 16K bucket (backward, and forward from SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows
+    an SM) or the 32K bucket (forward) that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N)."""
     top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
+    if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
+        return False  # forward 16K-bucket rows, too few of them: fused
     return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
 
 
@@ -231,8 +239,9 @@ def realigned_16bit_32k_rows(s: Shape) -> bool:
 RULES: tuple[Rule, ...] = (
     Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward): realigned online beats fused",
          realigned_16bit_32k_rows),
-    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K) on 16-byte boundaries: one program a row holds it "
-         "in shared memory in its dtype, with nothing to exchange", smem_one_chunk_rows),
+    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K; forward 8K-16K from 7 rows an SM) on 16-byte "
+         "boundaries: one program a row holds it in shared memory in its dtype, with nothing to exchange",
+         smem_one_chunk_rows),
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
