@@ -43,7 +43,7 @@ from ._common import (
     PreparedLaunch,
     chunk_grid,
     chunks,
-    combine_partials,
+    combine_partials_at,
     edge_lanes,
     edges_grad_sum,
     edges_grad_write,
@@ -56,7 +56,7 @@ from ._common import (
     load_f32,
     load_scaled,
     row_bases,
-    sum_partials,
+    sum_partials_at,
     tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
@@ -104,6 +104,34 @@ def row_barrier(count_ptr, G, chunk):
     # -G + ROUND, not ROUND - G (a constexpr on the left wraps G under the interpreter), nor a
     # tl.full (Gluon, which smem's kernel calls this from, wants a layout for it).
     tl.atomic_add(count_ptr, -G + ROUND, mask=chunk == 0, sem="relaxed")
+
+
+@triton.jit
+def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, gs, PHASE: tl.constexpr):
+    """The row's (max, sum) from this program's chunk partial (m, s): published at ws[2 ticket],
+    the row barrier (PHASE 0), the row's G partials combined over the chunk indices ``gs`` (0 ..
+    BLOCK_G - 1, built with the layout the caller wants). PHASE 1 only publishes and returns (m, s);
+    PHASE 2 only combines (m and s are not read)."""
+    if PHASE != 2:
+        tl.store(ws_ptr + 2 * ticket, m)
+        tl.store(ws_ptr + 2 * ticket + 1, s)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE != 1:
+        m, s = combine_partials_at(ws_ptr + 2 * row * G, gs, G, True)
+    return m, s
+
+
+@triton.jit
+def exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gs, PHASE: tl.constexpr):
+    """The backward's row sum from this program's partial sum, as exchange_max_sum (one word a program)."""
+    if PHASE != 2:
+        tl.store(ws_ptr + ticket, part)
+    if PHASE == 0:
+        row_barrier(sync_ptr + 1 + row, G, chunk)
+    if PHASE != 1:
+        part = sum_partials_at(ws_ptr + row * G, gs, G, True)
+    return part
 
 
 @triton.jit
@@ -173,13 +201,8 @@ def _softmax_coop_fwd_kernel(
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
-    if PHASE != 2:
-        tl.store(ws_ptr + 2 * ticket, m)
-        tl.store(ws_ptr + 2 * ticket + 1, s)
-    if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
+    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, tl.arange(0, BLOCK_G), PHASE)
     if PHASE != 1:
-        m_r, s_r = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, True)
         y_row = y_ptr + y_base
         if TILES == 1:
             y = held_output(z, e, m, m_r, s_r, LOG, ZERO_MASKED)
@@ -235,12 +258,8 @@ def _softmax_coop_bwd_kernel(
         if ALIGN > 1:
             part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                                    ALIGN)
-    if PHASE != 2:
-        tl.store(ws_ptr + ticket, part)
-    if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
+    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, tl.arange(0, BLOCK_G), PHASE)
     if PHASE != 1:
-        red = sum_partials(ws_ptr + row * G, G, BLOCK_G, True)
         d_row = dx_ptr + d_base
         if TILES == 1:
             dx = grad_input(dy, y, red, scale, LOG)

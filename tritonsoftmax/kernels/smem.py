@@ -42,15 +42,13 @@ from . import _common, coop
 from ._common import (
     DROP,
     SMEM_RESERVED_PER_PROGRAM,
-    combine_partials_at,
     exp,
     grad_input,
     grad_term,
     row_offsets,
     store_out,
-    sum_partials_at,
 )
-from .coop import CoopFamily, CoopLaunch, row_barrier, take_ticket
+from .coop import CoopFamily, CoopLaunch, exchange_max_sum, exchange_sum, take_ticket
 
 try:
     from triton.experimental import gluon
@@ -186,17 +184,14 @@ def _softmax_smem_fwd_kernel(
             m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, tile_layout)
     else:
         cp.wait_group(0)
+        m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
+        s = 0.0
     if PHASE == 0 and G == 1:  # the chunk is the row: its (m, s) is the row's, nothing to exchange
         m_r = m
         s_r = s
     else:
-        if PHASE != 2:
-            gl.store(ws_ptr + 2 * ticket, m)
-            gl.store(ws_ptr + 2 * ticket + 1, s)
-        if PHASE == 0:
-            row_barrier(sync_ptr + 1 + row, G, chunk)
-        if PHASE != 1:
-            m_r, s_r = combine_partials_at(ws_ptr + 2 * row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
+        m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s,
+                                    gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -261,15 +256,12 @@ def _softmax_smem_bwd_kernel(
         part = gl.sum(acc, 0)
     else:
         cp.wait_group(0)
+        part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
     if PHASE == 0 and G == 1:  # the chunk is the row: nothing to exchange
         red = part
     else:
-        if PHASE != 2:
-            gl.store(ws_ptr + ticket, part)
-        if PHASE == 0:
-            row_barrier(sync_ptr + 1 + row, G, chunk)
-        if PHASE != 1:
-            red = sum_partials_at(ws_ptr + row * G, gl.arange(0, BLOCK_G, layout=part_layout), G, True)
+        red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gl.arange(0, BLOCK_G, layout=part_layout),
+                           PHASE)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
