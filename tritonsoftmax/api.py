@@ -56,7 +56,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
 
     fp32/fp16/bf16 tensors on a GPU (or on the CPU under ``TRITON_INTERPRET=1``) run Triton
     kernels, math in fp32; float64 and other CPU tensors are computed by torch.
-    ``impl``: "auto" (the dispatcher), "fused", "tile", "online", "split" or "coop".
+    ``impl``: "auto" (the dispatcher), "fused", "tile", "online", "split", "coop" or "smem" (NVIDIA sm_80+).
     ``scale``: temperature, fused into the kernels: the result is ``torch.softmax(x * scale, dim)``.
     ``zero_masked_rows``: rows that are entirely -inf give zeros (and zero gradient), not NaN.
     Differentiable; works under ``torch.compile`` and in CUDA graphs.
