@@ -82,7 +82,7 @@ def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_
     keeps them."""
     shape = dispatch.Shape(M, N, torch.float32, SM90, backward=True)
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == impl
-    if impl == "coop" and N >= dispatch.SMEM_FP32_BWD_MIN_N and dispatch.smem_takes(shape):
+    if impl == "coop" and N >= dispatch.SMEM_FP32_MIN_N and dispatch.smem_takes(shape):
         assert dispatch.coop_holds_all(shape) and not dispatch.coop_rereads(shape)
 
 

@@ -396,7 +396,7 @@ BWD_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 @pytest.mark.parametrize("M,N,impl", [(2, 1048576, "smem"), (16, 524288, "smem"), (4, 1048576, "coop")])
 def test_auto_runs_the_fp32_backward_of_rows_from_512k_through_smem_unless_coop_holds_all(M, N, impl):
     """Through autograd, as a user calls it: the forward as before, the backward by dispatch's
-    SMEM_FP32_BWD_MIN_N rule (2x1M: coop would re-read; 16x512K: more than coop holds at once)."""
+    SMEM_FP32_MIN_N rule (2x1M: coop would re-read; 16x512K: more than coop holds at once)."""
     x = random_input((M, N), torch.float32, DEVICE, seed=M + 5).requires_grad_()
     back = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, backward=True)
     assert back.impl == impl

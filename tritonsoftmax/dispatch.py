@@ -90,7 +90,7 @@ SMEM_MIN_N = 32768
 # 3656 / 3359, 32x152064 2037 / 1659, 8x131072 777 / 700.
 # cp.async, which the smem kernels copy with, came with sm_80.
 SMEM_MIN_SM = 80
-# The fp32 backward goes to smem for rows in this bucket or longer, few rows or many, unless coop
+# Rows in the SMEM_FP32_MIN_N bucket or longer: the fp32 backward goes to smem, few rows or many, unless coop
 # holds every program at once and reads each element once (coop_holds_all and not coop_rereads).
 # H200, session 13 (bench/results/h200/session13-probes/probe54.log, probe52.log; one process, GB/s,
 # smem against the rule before it, coop or split): 2048x524288 4049 against 3574, 512x524288 3991 /
@@ -108,7 +108,7 @@ SMEM_MIN_SM = 80
 # split stays ahead (16x524288 coop 2437 against smem's 2233, 8x1048576 2367 / 2169, 4x2097152 split
 # 2257 / 2093), and below 512K smem gains at most 4 % (200x131072 3248 / 3116). Rows of the 4M bucket
 # (one 128 KB chunk an SM) were not measured and stay split.
-SMEM_FP32_BWD_MIN_N = 524288
+SMEM_FP32_MIN_N = 524288
 SMEM_FP32_FEW_ROWS_BEYOND = 2
 SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
@@ -206,21 +206,21 @@ def smem_one_chunk_rows(s: Shape) -> bool:
 
 
 def smem_few_fp32_rows(s: Shape) -> bool:
-    """Few fp32 rows (forward) in the buckets SMEM_FP32_BWD_MIN_N to SMEM_FP32_FEW_ROWS_MAX_N that smem
+    """Few fp32 rows (forward) in the buckets SMEM_FP32_MIN_N to SMEM_FP32_FEW_ROWS_MAX_N that smem
     takes, holding more than SMEM_FP32_FEW_ROWS_BEYOND times what coop holds at once."""
     return (not s.backward and s.dtype.itemsize >= 4 and few_rows(s)
-            and SMEM_FP32_BWD_MIN_N <= n_bucket(s.N) <= SMEM_FP32_FEW_ROWS_MAX_N
+            and SMEM_FP32_MIN_N <= n_bucket(s.N) <= SMEM_FP32_FEW_ROWS_MAX_N
             and not coop_holds_all(s, SMEM_FP32_FEW_ROWS_BEYOND) and smem_takes(s))
 
 
 def smem_backward(s: Shape) -> bool:
-    """The backward runs smem's kernel: 16-bit rows it takes, and fp32 rows of SMEM_FP32_BWD_MIN_N
+    """The backward runs smem's kernel: 16-bit rows it takes, and fp32 rows of SMEM_FP32_MIN_N
     or longer unless coop holds every program at once and reads each element once."""
     if not (s.backward and smem_takes(s)):
         return False
     if s.dtype.itemsize <= 2:
         return True
-    return n_bucket(s.N) >= SMEM_FP32_BWD_MIN_N and (not coop_holds_all(s) or coop_rereads(s))
+    return n_bucket(s.N) >= SMEM_FP32_MIN_N and (not coop_holds_all(s) or coop_rereads(s))
 
 
 @dataclass(frozen=True)

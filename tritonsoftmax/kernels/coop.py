@@ -111,13 +111,19 @@ def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, gs, PHASE: t
     """The row's (max, sum) from this program's chunk partial (m, s): published at ws[2 ticket],
     the row barrier (PHASE 0), the row's G partials combined over the chunk indices ``gs`` (0 ..
     BLOCK_G - 1, built with the layout the caller wants). PHASE 1 only publishes and returns (m, s);
-    PHASE 2 only combines (m and s are not read)."""
-    if PHASE != 2:
+    PHASE 2 only combines (m and s are not read). A one-chunk row (G == 1) in the single launch
+    returns (m, s) as they are: no workspace, no barrier (smem's one-chunk rows, session 13: the
+    barrier was ~3.3 us of a ~13 us program, bench/NOTES.md); its row counter stays where it was."""
+    if PHASE == 0:
+        if G > 1:
+            tl.store(ws_ptr + 2 * ticket, m)
+            tl.store(ws_ptr + 2 * ticket + 1, s)
+            row_barrier(sync_ptr + 1 + row, G, chunk)
+            m, s = combine_partials_at(ws_ptr + 2 * row * G, gs, G, True)
+    elif PHASE == 1:
         tl.store(ws_ptr + 2 * ticket, m)
         tl.store(ws_ptr + 2 * ticket + 1, s)
-    if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
-    if PHASE != 1:
+    else:
         m, s = combine_partials_at(ws_ptr + 2 * row * G, gs, G, True)
     return m, s
 
@@ -125,11 +131,14 @@ def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, gs, PHASE: t
 @triton.jit
 def exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gs, PHASE: tl.constexpr):
     """The backward's row sum from this program's partial sum, as exchange_max_sum (one word a program)."""
-    if PHASE != 2:
-        tl.store(ws_ptr + ticket, part)
     if PHASE == 0:
-        row_barrier(sync_ptr + 1 + row, G, chunk)
-    if PHASE != 1:
+        if G > 1:
+            tl.store(ws_ptr + ticket, part)
+            row_barrier(sync_ptr + 1 + row, G, chunk)
+            part = sum_partials_at(ws_ptr + row * G, gs, G, True)
+    elif PHASE == 1:
+        tl.store(ws_ptr + ticket, part)
+    else:
         part = sum_partials_at(ws_ptr + row * G, gs, G, True)
     return part
 

@@ -186,12 +186,8 @@ def _softmax_smem_fwd_kernel(
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
-    if PHASE == 0 and G == 1:  # the chunk is the row: its (m, s) is the row's, nothing to exchange
-        m_r = m
-        s_r = s
-    else:
-        m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s,
-                                    gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
+    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s,
+                                gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -257,11 +253,7 @@ def _softmax_smem_bwd_kernel(
     else:
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
-    if PHASE == 0 and G == 1:  # the chunk is the row: nothing to exchange
-        red = part
-    else:
-        red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gl.arange(0, BLOCK_G, layout=part_layout),
-                           PHASE)
+    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
@@ -328,7 +320,7 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2) -> Lau
     3655-3675, 32x152064 2037 against 1659; bf16 8x131072 4K chunks 777-855, 16K 739-806, coop
     700-783. fp32 4096x65536: 8K chunks 4179-4180, 16K 3676-3703 (128 KB: one program an SM),
     coop 4210-4213, so the dispatcher keeps fp32 rows of that length on coop; from 512K it gives them to
-    smem (dispatch.SMEM_FP32_BWD_MIN_N; session13-probes/probe54.log: 2048x524288 4049 against coop's
+    smem (dispatch.SMEM_FP32_MIN_N; session13-probes/probe54.log: 2048x524288 4049 against coop's
     3585)."""
     want = COOP_PROGRAMS_PER_SM * device.sm_count
     most = BWD_CHUNK_BYTES // (2 * itemsize)
