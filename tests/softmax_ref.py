@@ -54,10 +54,10 @@ def random_input(shape, dtype, device, scale: float = 3.0, seed: int = 0) -> tor
     return (torch.randn(*shape, generator=g, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
 
 
-def coop_counters_ready(device: torch.device, M: int) -> bool:
-    """What the next cooperative launch on ``device``'s current stream expects: the ticket counter
-    at 0 and the first M row counters at multiples of coop.ROUND."""
+def coop_scratch_ready(device: torch.device, M: int) -> bool:
+    """What the next cooperative launch on ``device``'s current stream expects: the whole scratch
+    buffer zeroed (every exchange word, the ticket counter and the first M row counters)."""
     from tritonsoftmax.kernels import coop
 
-    _, sync = coop.scratch(device, 0, M + 1)
-    return sync[0].item() == 0 and bool((torch.remainder(sync[1:M + 1], coop.ROUND.value) == 0).all())
+    ws, sync = coop.scratch(device, 0, M + 1)
+    return ws.count_nonzero().item() == 0 and sync.count_nonzero().item() == 0

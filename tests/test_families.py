@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import DEVICE
-from softmax_ref import assert_softmax_close, coop_counters_ready, poisoned_like, random_input
+from softmax_ref import assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
@@ -271,7 +271,7 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
 
 @pytest.mark.parametrize("log", [False, True])
 def test_coop_cooperative_launch_runs_and_leaves_its_counters_ready(log):
-    """The single cooperative launch (ticket, row barrier, counters left for the next launch).
+    """The single cooperative launch (ticket, word exchange, scratch left zeroed for the next launch).
     Under the interpreter programs run one after another, so there it runs with one program a row
     (G = 1); the GPU suite runs it with many programs a row."""
     from tritonsoftmax.device import device_info
@@ -289,36 +289,36 @@ def test_coop_cooperative_launch_runs_and_leaves_its_counters_ready(log):
         launch(x, y, 1.0)
         ref = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
         assert (y.double() - ref).abs().max().item() <= 1e-5
-    assert coop_counters_ready(x.device, M)
+    assert coop_scratch_ready(x.device, M)
 
 
-def test_coop_row_counters_wrap_around_int32():
-    """A row counter grows by ROUND a launch and wraps past 2**31 after 2048 launches: the barrier
-    must still wait for exactly G arrivals, forward and backward."""
-    from tritonsoftmax.device import device_info
+@pytest.mark.parametrize("two_phase", [False, True])
+def test_coop_launches_leave_the_scratch_zeroed(two_phase):
+    """Every launch must leave the exchange words and counters at 0, where the next one expects
+    them (a stale non-zero word would pass for a partner's partial): the single launch through
+    its last departer (on the CPU rows are one chunk, so it exchanges nothing), two phases
+    through the host. Forward and backward on one buffer, twice, each checked."""
     from tritonsoftmax.layout import matrix_problem
 
     M, N = 3, 200
-    G = 1 if DEVICE == "cpu" else 4
+    G = 1 if DEVICE == "cpu" and not two_phase else 4
     config = LaunchConfig.make(2, BLOCK=256 // G, TILES=1, BLOCK_G=G)
     info = device_info(torch.device(DEVICE))
     x = random_input((M, N), torch.float32, DEVICE, seed=9)
     dy = random_input((M, N), torch.float32, DEVICE, seed=10)
     ref = torch.softmax(x.double(), -1)
-    _, sync = coop.scratch(x.device, 0, M + 1)
-    sync[1:M + 1] = torch.tensor([2**31 - coop.ROUND.value, -coop.ROUND.value, -(2**31)], dtype=torch.int32)
+    dref = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
     for _ in range(2):
         y = poisoned_like(x)
         coop.FAMILY.prepare(matrix_problem(x, y), config, info, flags={"LOG": 0, "ZERO_MASKED": 0},
-                            two_phase=False)(x, y, 1.0)
+                            two_phase=two_phase)(x, y, 1.0)
         assert (y.double() - ref).abs().max().item() <= 1e-5
-        yf = y.clone()
+        assert coop_scratch_ready(x.device, M)
         dx = poisoned_like(x)
         coop.BWD_FAMILY.prepare(matrix_problem(dy, dx), config, info, flags={"LOG": 0},
-                                two_phase=False)(dy, dx, yf, 1.0)
-        dref = ref * (dy.double() - (dy.double() * ref).sum(-1, keepdim=True))
+                                two_phase=two_phase)(dy, dx, y.clone(), 1.0)
         assert (dx.double() - dref).abs().max().item() <= 1e-5
-    assert coop_counters_ready(x.device, M)
+        assert coop_scratch_ready(x.device, M)
 
 
 def test_clear_caches_releases_the_coop_buffers():

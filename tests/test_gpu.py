@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import DEVICE
-from softmax_ref import TOL, assert_softmax_close, coop_counters_ready, poisoned_like, random_input
+from softmax_ref import TOL, assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
 
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
@@ -105,7 +105,7 @@ def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
         assert launch.mode == "resident"  # a cooperative launch, program ids for tickets
     assert torch.equal(y, two)
     assert_softmax_close(y, x)
-    assert coop_counters_ready(x.device, M), "counters not left where the next launch expects them"
+    assert coop_scratch_ready(x.device, M), "counters not left where the next launch expects them"
 
 
 def test_coop_on_two_streams_at_once():
@@ -190,4 +190,4 @@ def test_coop_refused_cooperative_launch_falls_back_to_tickets(monkeypatch):
     y2 = poisoned_like(x)
     launch(x, y2, 1.0)
     assert torch.equal(y, y2)
-    assert coop_counters_ready(x.device, 4096)
+    assert coop_scratch_ready(x.device, 4096)

@@ -13,7 +13,7 @@ from conftest import DEVICE, HAS_GPU
 from softmax_ref import (
     TOL,
     assert_softmax_close,
-    coop_counters_ready,
+    coop_scratch_ready,
     grad_reference,
     poisoned_like,
     random_input,
@@ -351,7 +351,7 @@ def test_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
     assert launch.mode == ("ticketed" if M == 4096 else "resident")
     assert torch.equal(y, two)
     assert_softmax_close(y, x)
-    assert coop_counters_ready(x.device, M)
+    assert coop_scratch_ready(x.device, M)
 
 
 @pytest.mark.gpu
@@ -517,7 +517,7 @@ def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype)
     assert launch.mode == ("ticketed" if M == 4096 else "resident")
     assert torch.equal(dx, two)
     assert_grad_close(dx, dy, y)
-    assert coop_counters_ready(dy.device, M)
+    assert coop_scratch_ready(dy.device, M)
 
 
 @pytest.mark.gpu

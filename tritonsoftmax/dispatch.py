@@ -113,9 +113,10 @@ SMEM_FP32_FEW_ROWS_BEYOND = 2
 SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
 # whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
-# with nothing to exchange, skips the workspace and the row barrier (which probe57/58 put at ~3.3 us
-# of a ~13 us program). H200, session 13 (session13-probes/probe59.log, one process, GB/s, M = 4096,
-# smem against fused): forward bf16 16384 3707 / 3628, 32768 3856 / 3747; fp16 16384 3697 / 3579,
+# with nothing to exchange, skips the workspace and the exchange (whose wait probe57/58 put at
+# ~3.3 us of a ~13 us program with session 13's counter barrier). H200, session 13
+# (session13-probes/probe59.log, one process, GB/s, M = 4096, smem against fused): forward bf16
+# 16384 3707 / 3628, 32768 3856 / 3747; fp16 16384 3697 / 3579,
 # 32768 3863 / 3652; backward bf16 16384 4020 / 3897, fp16 4038 / 3896. Fused stays ahead at 8192
 # (forward bf16 3561 against 3418, backward 3811 / 3764), for the 16-bit backward of 32768 (a 32K
 # chunk of dy and y does not fit: two 16K chunks 4012 against 4074) and in fp32 (16384 3996 / 3884).

@@ -346,34 +346,28 @@ def chunk_of(index, N, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr):
-    """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1]:
-    s = sum s_g * exp(m_g - max), an all -inf chunk adding 0 (never NaN). VOLATILE: the partials
-    were written by other programs of the same launch (not cached on the way)."""
-    return combine_partials_at(parts_ptr, tl.arange(0, BLOCK_G), G, VOLATILE)
+def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
+    """Row (max, sum) from G (max m_g, sum s_g) pairs at parts_ptr[2g], parts_ptr[2g + 1], written
+    by an earlier launch: s = sum s_g * exp(m_g - max), an all -inf chunk adding 0 (never NaN)."""
+    gs = tl.arange(0, BLOCK_G)
+    m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=float("-inf"))
+    s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0)
+    return combine_max_sum(m_g, s_g)
 
 
 @triton.jit
-def combine_partials_at(parts_ptr, gs, G, VOLATILE: tl.constexpr):
-    """combine_partials over the chunk indices ``gs`` (0 .. BLOCK_G - 1): a Gluon kernel builds
-    them with the layout it wants (smem), plain Triton with tl.arange."""
-    m_g = tl.load(parts_ptr + 2 * gs, mask=gs < G, other=float("-inf"), volatile=VOLATILE)
-    s_g = tl.load(parts_ptr + 2 * gs + 1, mask=gs < G, other=0.0, volatile=VOLATILE)
+def combine_max_sum(m_g, s_g):
+    """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0)."""
     m = tl.max(m_g, axis=0)
     s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m)), axis=0)
     return m, s
 
 
 @triton.jit
-def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr, VOLATILE: tl.constexpr):
-    """The backward's row sum from G partial sums at parts_ptr[g] (VOLATILE as in combine_partials)."""
-    return sum_partials_at(parts_ptr, tl.arange(0, BLOCK_G), G, VOLATILE)
-
-
-@triton.jit
-def sum_partials_at(parts_ptr, gs, G, VOLATILE: tl.constexpr):
-    """sum_partials over the chunk indices ``gs``, built as for combine_partials_at."""
-    return tl.sum(tl.load(parts_ptr + gs, mask=gs < G, other=0.0, volatile=VOLATILE), axis=0)
+def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
+    """The backward's row sum from G partial sums at parts_ptr[g], written by an earlier launch."""
+    gs = tl.arange(0, BLOCK_G)
+    return tl.sum(tl.load(parts_ptr + gs, mask=gs < G, other=0.0), axis=0)
 
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself

@@ -2,18 +2,19 @@
 
 A row is cut into G chunks of TILES x BLOCK elements, one program per chunk. With TILES == 1 a
 program keeps its chunk in registers: it reduces it to a (max, sum) partial, publishes the partial
-to a workspace, waits at its row's barrier until all G partials are there, combines them and
-writes its chunk from registers. With TILES > 1 (rows too long for G <= SM-count chunks held on
-chip) it reduces the chunk tile by tile and re-reads it after the barrier, last tile first.
+to a workspace as one 64-bit word, waits until its row's G words are there (row_words: no
+barrier counter, no fence), combines them and writes its chunk from registers. With TILES > 1
+(rows too long for G <= SM-count chunks held on chip) it reduces the chunk tile by tile and
+re-reads it after the exchange, last tile first.
 
 Forward progress: each program takes a ticket from an atomic counter when it starts and works
 on chunk ticket % G of row ticket // G. Tickets go out in start order, so a waiting program only
 waits for partners that already run or that can start: when a row still has chunks without a
 program, no later row has one, so every resident program belongs to that row; with G at most the
 SM count there is a free slot for the next one. The ticket counter resets itself (its last holder
-sets it to 0) and every row counter ends a launch at a multiple of ROUND, where the next launch
-expects it, so one zeroed buffer per (device, stream) serves every launch on that stream and no
-program waits for anything on its way out.
+sets it to 0), and a row's last program to leave zeroes the row's words and departure counter, so
+one zeroed buffer per (device, stream) serves every launch on that stream and no program waits
+for anything on its way out.
 
 On CUDA, when the compiled kernel's occupancy holds all M x G programs at once, the launch is a
 CUDA cooperative launch instead (the driver then runs every program together, or refuses the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.target_info import is_hip
 from triton.runtime import driver
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
@@ -43,7 +45,7 @@ from ._common import (
     PreparedLaunch,
     chunk_grid,
     chunks,
-    combine_partials_at,
+    combine_max_sum,
     edge_lanes,
     edges_grad_sum,
     edges_grad_write,
@@ -56,7 +58,6 @@ from ._common import (
     load_f32,
     load_scaled,
     row_bases,
-    sum_partials_at,
     tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
@@ -67,8 +68,8 @@ from ._common import (
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 NEG_INF = tl.constexpr(float("-inf"))
+WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
 COOPERATIVE_LAUNCH = {"launch_cooperative_grid": 1}  # CUDA launch option: every program resident at once
-ROUND = tl.constexpr(1 << 20)  # what one launch adds to a row counter; divides 2**32, far above any G
 
 
 @triton.jit
@@ -87,59 +88,147 @@ def take_ticket(sync_ptr, total, PHASE: tl.constexpr, RESIDENT: tl.constexpr):
 
 
 @triton.jit
-def row_barrier(count_ptr, G, chunk):
-    """Wait until the G programs of a row have arrived; what each stored before arriving is then
-    visible to all. The counter holds a multiple of ROUND when the launch starts (base); each
-    arrival adds 1, and chunk 0, once through, adds ROUND - G, which leaves the next multiple of
-    ROUND for the next launch without anyone waiting for it (int32 wrap-around keeps
-    ``seen - base`` right). A departure count whose result each program waited for cost ~10 %
-    of the long-row forward (bench/NOTES.md, session 3)."""
-    tl.debug_barrier()
-    old = tl.atomic_add(count_ptr, 1, sem="release")
-    base = old - (old & (ROUND - 1))
-    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while seen - base < G:
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
-    tl.debug_barrier()
-    # -G + ROUND, not ROUND - G (a constexpr on the left wraps G under the interpreter), nor a
-    # tl.full (Gluon, which smem's kernel calls this from, wants a layout for it).
-    tl.atomic_add(count_ptr, -G + ROUND, mask=chunk == 0, sem="relaxed")
+def low_bits(x):
+    """A float32's bits as the low half of an int64 (high half 0)."""
+    return x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
 
 
 @triton.jit
-def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, gs, PHASE: tl.constexpr):
-    """The row's (max, sum) from this program's chunk partial (m, s): published at ws[2 ticket],
-    the row barrier (PHASE 0), the row's G partials combined over the chunk indices ``gs`` (0 ..
-    BLOCK_G - 1, built with the layout the caller wants). PHASE 1 only publishes and returns (m, s);
-    PHASE 2 only combines (m and s are not read). A one-chunk row (G == 1) in the single launch
-    returns (m, s) as they are: no workspace, no barrier (smem's one-chunk rows, session 13: the
-    barrier was ~3.3 us of a ~13 us program, bench/NOTES.md); its row counter stays where it was."""
+def pack_pair(lo, hi):
+    """One 64-bit word holding two float32 values' bits: ``lo`` in the low half, ``hi`` in the high
+    half (little-endian, so the word reads back as the floats pair[0] = lo, pair[1] = hi)."""
+    return (low_bits(hi) << 32) | low_bits(lo)
+
+
+@triton.jit
+def unpack_pair(v):
+    """The two float32 values of pack_pair's words ``v``: (low half, high half)."""
+    return (v & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), (v >> 32).to(tl.int32).to(tl.float32,
+                                                                                                   bitcast=True)
+
+
+@triton.jit
+def publish_word(ws_ptr, ticket, word, PHASE: tl.constexpr):
+    """Write this program's ``word`` (never 0) to its slot: ws_ptr, the float32 workspace read as
+    int64, one word a program, all 0 when a launch starts (PHASE 0: a relaxed exchange, so that
+    the word is written whole for the polls of row_words; else a store)."""
+    words = ws_ptr.to(tl.pointer_type(tl.int64))
+    if PHASE == 0:
+        tl.atomic_xchg(words + ticket, word, sem="relaxed")
+    else:
+        tl.store(words + ticket, word)
+
+
+@triton.jit
+def row_words(ws_ptr, row, G, gs, WAIT: tl.constexpr):
+    """The G words of a row over the chunk indices ``gs`` (0 .. BLOCK_G - 1, in the layout the caller
+    wants; lanes at or past G read as 1). WAIT (the single launch): polled until none is 0.
+
+    That is the whole exchange: no barrier counter, no fence. A word carries its partial itself, so
+    it is read whole (a relaxed 64-bit exchange against volatile 64-bit loads) and is valid once
+    non-zero. It replaced a counter barrier with release/acquire atomics whose latency after the
+    row's last arrival was ~3.3 us of a ~13 us smem program (bench/results/h200/session13-probes/
+    probe57.log; session 14 in bench/NOTES.md). The words go back to 0 through depart."""
+    words = ws_ptr.to(tl.pointer_type(tl.int64)) + row * G + gs
+    if WAIT:
+        v = poll_words(words, gs < G)
+        missing = tl.sum((v == 0).to(tl.int32), axis=0)
+        while missing > 0:
+            v = poll_words(words, gs < G)
+            missing = tl.sum((v == 0).to(tl.int32), axis=0)
+    else:
+        v = tl.load(words, mask=gs < G, other=1)
+    return v
+
+
+@triton.jit
+def poll_words(words, mask):
+    """One look at the words (masked lanes 1) that sees other programs' latest writes: a volatile
+    load on NVIDIA (ld.volatile, served by L2); on AMD a relaxed atomic add of 0, since Triton
+    gives a volatile load there no cache-coherence bits (compiled for gfx90a/gfx942: a plain
+    buffer_load, which a CU's L1 may answer with a stale line forever)."""
+    if is_hip():
+        v = tl.where(mask, tl.atomic_add(words, 0, mask=mask, sem="relaxed"), 1)
+    else:
+        v = tl.load(words, mask=mask, other=1, volatile=True)
+    return v
+
+
+@triton.jit
+def zero_word(sync_ptr):
+    """sync_ptr[1], an int32 that is always 0 (nothing writes it), for depart's operand; loaded
+    before the word is published, so that it has arrived by the time depart needs it."""
+    return tl.load(sync_ptr + 1)
+
+
+@triton.jit
+def depart(ws_ptr, sync_ptr, row, G, gs, after, zero):
+    """The single launch's way out of the exchange: count this program out of its row
+    (sync_ptr[2 + row], 0 when a launch starts); the row's last departer zeroes the row's words
+    and the counter for the next launch, which the kernel boundary orders before it; nobody waits
+    for that. Right after the combine, before the output stores: after them, the count queued
+    behind the stores and cost 1-5 % on long rows (session 14, probe62/63 in bench/NOTES.md).
+
+    The count must not leave before this program's loads of the words (row_words) have returned,
+    or the last departer could zero a word that someone still polls. Its operand, 1 + (the bits of
+    ``after`` & ``zero``), depends on every word read (``after``: a float32 the caller combined from
+    them) and on ``zero`` (zero_word), whose value no compiler knows, so the dependence cannot be
+    folded away: no fence is needed for it."""
+    count_ptr = sync_ptr + 2 + row
+    old = tl.atomic_add(count_ptr, 1 + (after.to(tl.int32, bitcast=True) & zero), sem="relaxed")
+    if old == G - 1:
+        words = ws_ptr.to(tl.pointer_type(tl.int64))
+        tl.store(words + row * G + gs, (gs * 0).to(tl.int64), mask=gs < G)
+        tl.store(count_ptr, 0)
+
+
+@triton.jit
+def _max_sum_of(v, gs, G):
+    m_g, s_g = unpack_pair(v)
+    return combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
+
+
+@triton.jit
+def _sum_of(v, gs, G):
+    part_g, _ = unpack_pair(v)
+    return tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)
+
+
+@triton.jit
+def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.constexpr):
+    """The row's (max, sum) from this program's chunk partial (m, s). The word exchanged is
+    pack_pair(m, s), never 0 (s >= 1 when m is finite, as the chunk's max adds exp(0); m = -inf,
+    +inf or NaN has non-zero bits): publish_word, row_words, depart. PHASE 1 only publishes and
+    returns (m, s); PHASE 2 only combines (m and s are not read; CoopLaunch zeroes the words after
+    it). A one-chunk row (G == 1) in the single launch returns (m, s) as they are: no workspace, no
+    exchange (smem's one-chunk rows, session 13)."""
     if PHASE == 0:
         if G > 1:
-            tl.store(ws_ptr + 2 * ticket, m)
-            tl.store(ws_ptr + 2 * ticket + 1, s)
-            row_barrier(sync_ptr + 1 + row, G, chunk)
-            m, s = combine_partials_at(ws_ptr + 2 * row * G, gs, G, True)
+            zero = zero_word(sync_ptr)
+            publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
+            m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, True), gs, G)
+            depart(ws_ptr, sync_ptr, row, G, gs, s, zero)
     elif PHASE == 1:
-        tl.store(ws_ptr + 2 * ticket, m)
-        tl.store(ws_ptr + 2 * ticket + 1, s)
+        publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
     else:
-        m, s = combine_partials_at(ws_ptr + 2 * row * G, gs, G, True)
+        m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, False), gs, G)
     return m, s
 
 
 @triton.jit
-def exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gs, PHASE: tl.constexpr):
-    """The backward's row sum from this program's partial sum, as exchange_max_sum (one word a program)."""
+def exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE: tl.constexpr):
+    """The backward's row sum from this program's partial sum, as exchange_max_sum; the word holds
+    the sum's bits in its low half and 1 in its high half, which keeps it non-zero whatever the sum."""
     if PHASE == 0:
         if G > 1:
-            tl.store(ws_ptr + ticket, part)
-            row_barrier(sync_ptr + 1 + row, G, chunk)
-            part = sum_partials_at(ws_ptr + row * G, gs, G, True)
+            zero = zero_word(sync_ptr)
+            publish_word(ws_ptr, ticket, low_bits(part) | (1 << 32), PHASE)
+            part = _sum_of(row_words(ws_ptr, row, G, gs, True), gs, G)
+            depart(ws_ptr, sync_ptr, row, G, gs, part, zero)
     elif PHASE == 1:
-        tl.store(ws_ptr + ticket, part)
+        publish_word(ws_ptr, ticket, low_bits(part) | (1 << 32), PHASE)
     else:
-        part = sum_partials_at(ws_ptr + row * G, gs, G, True)
+        part = _sum_of(row_words(ws_ptr, row, G, gs, False), gs, G)
     return part
 
 
@@ -171,8 +260,9 @@ def _softmax_coop_fwd_kernel(
 
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
     ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
-    exp(z - max) over the chunk). sync_ptr: int32, [0] the ticket counter (0 when a launch starts
-    and ends), [1 + r] row r's barrier counter (a multiple of ROUND when a launch starts and ends).
+    exp(z - max) over the chunk; one int64 word to publish_word, 0 when a launch starts and
+    ends). sync_ptr: int32, [0] the ticket counter, [1] always 0 (zero_word), [2 + r] row r's
+    departure counter (all 0 when a launch starts and ends).
     BLOCK: tile width; TILES: tiles per chunk (1: the chunk stays in registers, one read, its
     exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
     cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
@@ -210,7 +300,7 @@ def _softmax_coop_fwd_kernel(
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
-    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s, tl.arange(0, BLOCK_G), PHASE)
+    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, tl.arange(0, BLOCK_G), PHASE)
     if PHASE != 1:
         y_row = y_ptr + y_base
         if TILES == 1:
@@ -237,8 +327,9 @@ def _softmax_coop_bwd_kernel(
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
-    chunk into ws[ticket] (one word), waits at the row barrier, adds the row's G partials and
-    writes dx = grad_input(...) (from registers when TILES == 1, else re-reading, last tile first).
+    chunk, publishes it (exchange_sum: one int64 word a program, 2 floats of ws), waits for its
+    row's words, adds them and writes dx = grad_input(...) (from registers when TILES == 1, else
+    re-reading, last tile first).
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
     y and dx in one layout).
@@ -267,7 +358,7 @@ def _softmax_coop_bwd_kernel(
         if ALIGN > 1:
             part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                                    ALIGN)
-    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, tl.arange(0, BLOCK_G), PHASE)
+    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, tl.arange(0, BLOCK_G), PHASE)
     if PHASE != 1:
         d_row = dx_ptr + d_base
         if TILES == 1:
@@ -336,8 +427,8 @@ _scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 vi
 def scratch(device: torch.device, ws_words: int, sync_words: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The workspace and the counters for a launch on ``device``'s current stream.
 
-    One buffer per (device, stream), zeroed when made and grown when a launch needs more; kernels
-    leave the counters where the next launch expects them (see ``row_barrier``). Launches on one
+    One buffer per (device, stream), zeroed when made and grown when a launch needs more; every
+    launch leaves it zeroed again (depart; CoopLaunch after two phases). Launches on one
     stream run one after another, so they can share it. During CUDA-graph capture a fresh buffer
     is made (its zero fill is captured too) and not kept."""
     if device.type == "cuda":  # a tensor's device: its index is always set
@@ -402,8 +493,8 @@ class CoopLaunch:
             cooperative = self.config.with_options(**COOPERATIVE_LAUNCH)
             self._resident = PreparedLaunch(family, problem, cooperative, device,
                                             flags={**flags, "PHASE": 0, "RESIDENT": 1})
-        self.ws_words = family.words * self.programs
-        self.sync_words = 1 + problem.M
+        self.ws_words = WORD_FLOATS * self.programs
+        self.sync_words = 2 + problem.M
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws, sync = scratch(x.device, self.ws_words, self.sync_words)
@@ -412,6 +503,8 @@ class CoopLaunch:
             return self.config
         for launch in self.launches:
             launch(x, y, ws, sync, *extra)
+        if len(self.launches) > 1:  # PHASE 2 leaves the words it read; the next single launch wants 0
+            ws[:self.ws_words].zero_()
         return self.config
 
     def _first_resident_call(self, x: torch.Tensor, y: torch.Tensor, ws: torch.Tensor, sync: torch.Tensor,
@@ -438,14 +531,12 @@ class CoopLaunch:
 
 class CoopFamily(Family):
     """A coop family as the dispatcher sees it: ``prepare`` gives a :class:`CoopLaunch`.
-    ``words``: workspace floats per program (2 forward, 1 backward); ``configs``: the search space
-    (coop's unless another kernel with coop's launch, smem, brings its own)."""
+    ``configs``: the search space (coop's unless another kernel with coop's launch, smem, brings its own)."""
 
     grid_from_m = True
 
-    def __init__(self, name: str, kernel, heuristic, words: int, configs=_configs):
+    def __init__(self, name: str, kernel, heuristic, configs=_configs):
         super().__init__(name, kernel, configs, heuristic, chunk_grid)
-        self.words = words
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
         """The config a launch without a given or stored one runs: the heuristic for the shape."""
@@ -457,8 +548,8 @@ class CoopFamily(Family):
         return CoopLaunch(self, problem, config, device, flags, two_phase)
 
 
-FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic, words=2)
-BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, _bwd_heuristic, words=1)
+FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic)
+BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, _bwd_heuristic)
 
 
 launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)

@@ -1,7 +1,7 @@
 """Smem family: coop's cooperative rows, each program's chunk held in shared memory (Gluon).
 
 A row is cut into G chunks of TILES x BLOCK elements, one program per chunk, as in the coop family
-(same tickets, row barrier, workspace and launch: :class:`~tritonsoftmax.kernels.coop.CoopLaunch`).
+(same tickets, partial exchange, workspace and launch: :class:`~tritonsoftmax.kernels.coop.CoopLaunch`).
 The difference is where a chunk waits for its row's partials: coop holds it in registers as fp32,
 this kernel copies it into shared memory with ``cp.async`` and keeps it there in the input dtype.
 A 16-bit chunk then takes half the on-chip bytes of coop's, 228 KB of shared memory an SM hold
@@ -150,7 +150,7 @@ def _softmax_smem_fwd_kernel(
     stride_y_col are not read), rows starting on 16-byte boundaries, N a multiple of the 16-byte
     vector (SmemLaunch checks all of it). scale, M, N, INNER, stride_*_outer/inner, LOG,
     ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop
-    kernel (tickets, the row barrier and the (max, sum) partials are coop's). BLOCK: elements per
+    kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
     memory (TILES x BLOCK x the input's element size bytes). HINTS: the output stores are marked
     evict_first.
@@ -186,8 +186,8 @@ def _softmax_smem_fwd_kernel(
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
-    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, m, s,
-                                gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
+    gs = gl.arange(0, BLOCK_G, layout=part_layout)
+    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -214,14 +214,14 @@ def _softmax_smem_bwd_kernel(
 ):
     """dx of softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row
     cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
-    grad_term(dy, y) over the chunk, the row's partial sums meet through coop's workspace and row
-    barrier, and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
+    grad_term(dy, y) over the chunk, the row's partial sums meet through coop's exchange
+    (exchange_sum), and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
 
     dy_ptr, y_ptr: incoming gradient and saved output, one layout (stride_g_*); dx_ptr: the result
     (stride_d_*). Unit column strides (stride_g_col and stride_d_col are not read), 16-byte aligned
     base pointers and row starts, N a whole number of 16-byte vectors (SmemLaunch checks all of it).
-    scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, one word a program (its partial
-    sum); sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop backward. BLOCK: elements a copy group;
+    scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
+    word); sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
     HINTS: dx stores marked evict_first."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
@@ -253,7 +253,8 @@ def _softmax_smem_bwd_kernel(
     else:
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
-    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, chunk, G, part, gl.arange(0, BLOCK_G, layout=part_layout), PHASE)
+    gs = gl.arange(0, BLOCK_G, layout=part_layout)
+    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
@@ -396,8 +397,8 @@ class SmemFamily(CoopFamily):
     tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
     the calls the kernel cannot take. Its heuristic also takes the input's element size."""
 
-    def __init__(self, name: str, kernel, heuristic, words: int, held: int, fallback: CoopFamily):
-        super().__init__(name, kernel, heuristic, words, configs=_config_space(held))
+    def __init__(self, name: str, kernel, heuristic, held: int, fallback: CoopFamily):
+        super().__init__(name, kernel, heuristic, configs=_config_space(held))
         self.held, self.fallback = held, fallback
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
@@ -410,8 +411,8 @@ class SmemFamily(CoopFamily):
         return SmemLaunch(self, problem, config, device, flags, two_phase, from_store)
 
 
-FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, words=2, held=1, fallback=coop.FAMILY)
-BWD_FAMILY = SmemFamily(f"{IMPL}-bwd", _softmax_smem_bwd_kernel, _bwd_heuristic, words=1, held=2,
+FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, _heuristic, held=1, fallback=coop.FAMILY)
+BWD_FAMILY = SmemFamily(f"{IMPL}-bwd", _softmax_smem_bwd_kernel, _bwd_heuristic, held=2,
                         fallback=coop.BWD_FAMILY)
 
 # A layout the kernels cannot take runs coop's (SmemLaunch).

@@ -117,7 +117,7 @@ def _softmax_split_write_kernel(
         z = load_scaled(x_row + cols * stride_x_col, mask, scale, DROP * HINTS)
     if PDL:
         gdc_wait()
-    m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G, False)
+    m, s = combine_partials(ws_ptr + 2 * row * G, G, BLOCK_G)
     if ALIGN > 1:
         edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, LOG, ZERO_MASKED, ALIGN)
     if TILES == 1:
@@ -177,7 +177,7 @@ def _softmax_split_bwd_write_kernel(
         y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
     if PDL:
         gdc_wait()
-    red = sum_partials(ws_ptr + row * G, G, BLOCK_G, False)
+    red = sum_partials(ws_ptr + row * G, G, BLOCK_G)
     if ALIGN > 1:
         edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, g == 0, g == G - 1, LOG, ALIGN)
     if TILES == 1:
