@@ -2,14 +2,15 @@
 
 Gluon has no interpreter, so the CPU part compiles the kernel for sm_90 with the installed triton
 and checks what the compiler made of it (16-byte copies into shared memory, 16-byte stores, the
-barrier's atomics only in the single launch), plus the dispatcher's rule and the launch's checks.
-The gpu-marked part runs it."""
+fence-free word exchange in the single launch and no atomics in two phases), plus the dispatcher's
+rule and the launch's checks. The gpu-marked part runs it."""
 
 import re
 
 import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
+from exchange_checks import assert_fence_free_exchange
 from softmax_ref import (
     TOL,
     assert_softmax_close,
@@ -83,7 +84,10 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
     assert compiled["shared"] >= config["TILES"] * config["BLOCK"] * bits // 8
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte output stores"
-    assert ("atom.global" in ptx) == (flags.get("PHASE", 0) == 0), "the row barrier only in the single launch"
+    if flags.get("PHASE", 0) == 0:
+        assert_fence_free_exchange(ptx)
+    else:
+        assert "atom.global" not in ptx, "atomics only in the single launch"
 
 
 @pytest.mark.parametrize("dtype,op", [("bf16", "bf16x2"), ("fp16", "f16x2"), ("fp32", "f32")])
@@ -113,7 +117,10 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
     assert compiled["shared"] >= 2 * config["TILES"] * config["BLOCK"] * bits // 8, "dy and y both held"
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte dx stores"
-    assert ("atom.global" in ptx) == (flags.get("PHASE", 0) == 0), "the row barrier only in the single launch"
+    if flags.get("PHASE", 0) == 0:
+        assert_fence_free_exchange(ptx)
+    else:
+        assert "atom.global" not in ptx, "atomics only in the single launch"
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):

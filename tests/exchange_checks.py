@@ -1,0 +1,17 @@
+"""PTX checks of the row exchange shared by the coop (test_exchange.py) and smem (test_smem.py) tests."""
+
+import re
+
+
+def assert_fence_free_exchange(ptx: str) -> None:
+    """PTX of a single launch: the word published by a relaxed 64-bit exchange and polled by volatile
+    64-bit loads, no fence anywhere, and the departure count's operand 1 + (x & y): the dependence on
+    the polled words that keeps the count from leaving before the loads returned."""
+    assert re.search(r"atom\.global\.gpu\.relaxed\.exch\.b64", ptx), "the word published whole"
+    assert re.search(r"ld\.volatile\.global\.b64", ptx), "the words polled past L1"
+    assert not re.search(r"\b(fence|membar)\.", ptx), "no fence"
+    count = re.findall(r"atom\.global\.gpu\.relaxed\.add\.u32 %r\d+, \[[^]]*\], (%r\d+);", ptx)[-1]
+    made = re.search(rf"add\.s32 \s*{re.escape(count)}, (%r\d+), 1;", ptx)
+    assert made, "the departure's operand is 1 + a value"
+    assert re.search(rf"and\.b32 \s*{re.escape(made.group(1))}, %r\d+, %r\d+;", ptx), \
+        "... that depends on the combined value (not folded to a constant)"
