@@ -59,5 +59,5 @@ def coop_scratch_ready(device: torch.device, M: int) -> bool:
     buffer zeroed (every exchange word, the ticket counter and the first M row counters)."""
     from tritonsoftmax.kernels import coop
 
-    ws, sync = coop.scratch(device, 0, M + 1)
+    ws, sync = coop.scratch(device, 0, M + 2)
     return ws.count_nonzero().item() == 0 and sync.count_nonzero().item() == 0

@@ -103,8 +103,9 @@ def pack_pair(lo, hi):
 @triton.jit
 def unpack_pair(v):
     """The two float32 values of pack_pair's words ``v``: (low half, high half)."""
-    return (v & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), (v >> 32).to(tl.int32).to(tl.float32,
-                                                                                                   bitcast=True)
+    lo = (v & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    hi = (v >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
@@ -166,8 +167,8 @@ def depart(ws_ptr, sync_ptr, row, G, gs, after, zero):
     """The single launch's way out of the exchange: count this program out of its row
     (sync_ptr[2 + row], 0 when a launch starts); the row's last departer zeroes the row's words
     and the counter for the next launch, which the kernel boundary orders before it; nobody waits
-    for that. Right after the combine, before the output stores: after them, the count queued
-    behind the stores and cost 1-5 % on long rows (session 14, probe62/63 in bench/NOTES.md).
+    for that. Called right after the combine: placed after the output stores instead, it lost up
+    to 7 % on most shapes of probe 63 and won up to 6 % on three (session 14 in bench/NOTES.md).
 
     The count must not leave before this program's loads of the words (row_words) have returned,
     or the last departer could zero a word that someone still polls. Its operand, 1 + (the bits of
