@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.target_info import is_hip
 from triton.runtime import driver
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
@@ -64,6 +63,11 @@ from ._common import (
     tiles_max_sum,
     tiles_write,
 )
+
+try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
+    from triton.language.target_info import is_hip
+except ImportError as e:  # triton before 3.4
+    raise ImportError(f"the coop family needs triton >= 3.6 ({e})") from e
 
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
