@@ -15,3 +15,12 @@ def assert_fence_free_exchange(ptx: str) -> None:
     assert made, "the departure's operand is 1 + a value"
     assert re.search(rf"and\.b32 \s*{re.escape(made.group(1))}, %r\d+, %r\d+;", ptx), \
         "... that depends on the combined value (not folded to a constant)"
+
+
+def assert_exchange_of_phase(ptx: str, phase: int) -> None:
+    """The single launch (phase 0) exchanges as assert_fence_free_exchange wants; two phases use no
+    global atomics at all."""
+    if phase == 0:
+        assert_fence_free_exchange(ptx)
+    else:
+        assert "atom.global" not in ptx, "atomics only in the single launch"

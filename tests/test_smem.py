@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
-from exchange_checks import assert_fence_free_exchange
+from exchange_checks import assert_exchange_of_phase
 from softmax_ref import (
     TOL,
     assert_softmax_close,
@@ -84,10 +84,7 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
     assert compiled["shared"] >= config["TILES"] * config["BLOCK"] * bits // 8
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte output stores"
-    if flags.get("PHASE", 0) == 0:
-        assert_fence_free_exchange(ptx)
-    else:
-        assert "atom.global" not in ptx, "atomics only in the single launch"
+    assert_exchange_of_phase(ptx, flags.get("PHASE", 0))
 
 
 @pytest.mark.parametrize("dtype,op", [("bf16", "bf16x2"), ("fp16", "f16x2"), ("fp32", "f32")])
@@ -117,10 +114,7 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
     assert compiled["shared"] >= 2 * config["TILES"] * config["BLOCK"] * bits // 8, "dy and y both held"
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte dx stores"
-    if flags.get("PHASE", 0) == 0:
-        assert_fence_free_exchange(ptx)
-    else:
-        assert "atom.global" not in ptx, "atomics only in the single launch"
+    assert_exchange_of_phase(ptx, flags.get("PHASE", 0))
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
