@@ -17,10 +17,26 @@ def assert_fence_free_exchange(ptx: str) -> None:
         "... that depends on the combined value (not folded to a constant)"
 
 
-def assert_exchange_of_phase(ptx: str, phase: int) -> None:
-    """The single launch (phase 0) exchanges as assert_fence_free_exchange wants; two phases use no
-    global atomics at all."""
+def assert_departure_without_wait(ptx: str) -> None:
+    """PER_WORD's departure (coop.depart): a count a lane whose result no thread waits for before the
+    output stores. No barrier follows the count (Triton broadcasts a scalar atomic's result through
+    shared memory behind one), and its result register is first read after a global store."""
+    lines = ptx.splitlines()
+    at = max(i for i, line in enumerate(lines) if re.search(r"atom\.global\.gpu\.relaxed\.add\.u32", line))
+    result = re.search(r"add\.u32 (%r\d+),", lines[at]).group(1)
+    rest = lines[at + 1:]
+    assert not any(re.search(r"\bbar\.|barrier", line) for line in rest), "no barrier after the count"
+    first_use = next(i for i, line in enumerate(rest) if re.search(rf"{re.escape(result)}\b", line))
+    first_store = next(i for i, line in enumerate(rest) if "st.global" in line)
+    assert first_store < first_use, "the count's result first read after the output stores"
+
+
+def assert_exchange_of_phase(ptx: str, phase: int, per_word: bool = False) -> None:
+    """The single launch (phase 0) exchanges as assert_fence_free_exchange wants (and, per_word,
+    departs as assert_departure_without_wait wants); two phases use no global atomics at all."""
     if phase == 0:
         assert_fence_free_exchange(ptx)
+        if per_word:
+            assert_departure_without_wait(ptx)
     else:
         assert "atom.global" not in ptx, "atomics only in the single launch"

@@ -44,6 +44,17 @@ def grad_reference(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, log: b
     return scale * yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
 
 
+BWD_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def assert_grad_close(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
+                      log: bool = False) -> None:
+    """dx against float64 from the same dy and y, relative to dx's largest magnitude."""
+    want = grad_reference(dy, y, scale, log)
+    err = (dx.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+    assert err <= BWD_TOL[dy.dtype], f"relative dx error {err}"
+
+
 def poisoned_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
     """An output buffer filled with NaN, so an unwritten element cannot pass."""
     return torch.full_like(x, float("nan"), dtype=dtype or x.dtype)

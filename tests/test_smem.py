@@ -13,6 +13,7 @@ from conftest import DEVICE, HAS_GPU
 from exchange_checks import assert_exchange_of_phase
 from softmax_ref import (
     TOL,
+    assert_grad_close,
     assert_softmax_close,
     coop_scratch_ready,
     grad_reference,
@@ -40,7 +41,8 @@ def smem():
     return module
 
 
-FLAG_CASES = ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1})
+PER_WORD = {"PER_WORD": 1, "BLOCK_G": 128}  # coop.depart's PER_WORD, BLOCK_G >= the 4 warps' threads (CoopLaunch)
+FLAG_CASES = ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}, PER_WORD)
 CASES = [("fwd", dt, dt, flags) for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
 CASES.append(("fwd", "bf16", "fp32", {}))
 CASES += [("bwd", dt, dt, {k: v for k, v in flags.items() if k != "ZERO_MASKED"})
@@ -69,8 +71,7 @@ def compiled_sm90() -> dict:
 
 
 @pytest.mark.parametrize("dtype,bits", [("bf16", 16), ("fp16", 16), ("fp32", 32)])
-@pytest.mark.parametrize("flags", [{}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}],
-                         ids=["softmax", "log", "phase1", "phase2", "resident"])
+@pytest.mark.parametrize("flags", FLAG_CASES, ids=["softmax", "log", "phase1", "phase2", "resident", "per-word"])
 def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bits, flags):
     import json
 
@@ -84,7 +85,7 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
     assert compiled["shared"] >= config["TILES"] * config["BLOCK"] * bits // 8
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte output stores"
-    assert_exchange_of_phase(ptx, flags.get("PHASE", 0))
+    assert_exchange_of_phase(ptx, flags.get("PHASE", 0), per_word=flags.get("PER_WORD", 0))
 
 
 @pytest.mark.parametrize("dtype,op", [("bf16", "bf16x2"), ("fp16", "f16x2"), ("fp32", "f32")])
@@ -100,8 +101,8 @@ def test_first_pass_takes_the_max_of_raw_values_with_their_sign_flipped(compiled
 
 
 @pytest.mark.parametrize("dtype,bits", [("bf16", 16), ("fp16", 16), ("fp32", 32)])
-@pytest.mark.parametrize("flags", [{}, {"LOG": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}],
-                         ids=["softmax", "log", "phase1", "phase2", "resident"])
+@pytest.mark.parametrize("flags", [{}, {"LOG": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}, PER_WORD],
+                         ids=["softmax", "log", "phase1", "phase2", "resident", "per-word"])
 def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(compiled_sm90, dtype, bits, flags):
     import json
 
@@ -114,7 +115,7 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
     assert compiled["shared"] >= 2 * config["TILES"] * config["BLOCK"] * bits // 8, "dy and y both held"
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte dx stores"
-    assert_exchange_of_phase(ptx, flags.get("PHASE", 0))
+    assert_exchange_of_phase(ptx, flags.get("PHASE", 0), per_word=flags.get("PER_WORD", 0))
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
@@ -380,17 +381,6 @@ def test_auto_runs_smem_forward_and_its_16bit_backward(dtype):
     dy = random_input((512, 65536), dtype, DEVICE, seed=10)
     y.backward(dy)
     assert_grad_close(x.grad, dy, y.detach())
-
-
-def assert_grad_close(dx: torch.Tensor, dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0,
-                      log: bool = False) -> None:
-    """dx against float64 from the same dy and y, relative to dx's largest magnitude."""
-    want = grad_reference(dy, y, scale, log)
-    err = (dx.double() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
-    assert err <= BWD_TOL[dy.dtype], f"relative dx error {err}"
-
-
-BWD_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
 @pytest.mark.gpu

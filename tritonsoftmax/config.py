@@ -70,6 +70,10 @@ class LaunchConfig:
         """The same config with these launch options added (or replaced), kept sorted as make() keeps them."""
         return LaunchConfig.make(self.num_warps, self.num_stages, {**dict(self.options), **options}, **dict(self.meta))
 
+    def with_meta(self, **meta: int) -> LaunchConfig:
+        """The same config with these meta-parameters added (or replaced)."""
+        return LaunchConfig.make(self.num_warps, self.num_stages, dict(self.options), **{**dict(self.meta), **meta})
+
     def launch_kwargs(self) -> dict[str, int]:
         """Keyword arguments for ``kernel[grid](..., **kwargs)``."""
         return {**dict(self.meta), **dict(self.options), "num_warps": self.num_warps,

@@ -12,9 +12,10 @@ on chunk ticket % G of row ticket // G. Tickets go out in start order, so a wait
 waits for partners that already run or that can start: when a row still has chunks without a
 program, no later row has one, so every resident program belongs to that row; with G at most the
 SM count there is a free slot for the next one. The ticket counter resets itself (its last holder
-sets it to 0), and a row's last program to leave zeroes the row's words and departure counter, so
-one zeroed buffer per (device, stream) serves every launch on that stream and no program waits
-for anything on its way out.
+sets it to 0), and a row's last program to leave zeroes the row's words and departure counter
+(with depart's PER_WORD, each word's last reader zeroes that word and its counter), so one zeroed
+buffer per (device, stream) serves every launch on that stream and no program waits for anything
+on its way out.
 
 On CUDA, when the compiled kernel's occupancy holds all M x G programs at once, the launch is a
 CUDA cooperative launch instead (the driver then runs every program together, or refuses the
@@ -73,6 +74,8 @@ IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
 NEG_INF = tl.constexpr(float("-inf"))
 WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
+PER_WORD_CHUNKS = (8, 16)  # per_word_departure: the chunks a row may have
+PER_WORD_ROWS_PER_SM = 4  # per_word_departure: the rows an SM it needs at least
 COOPERATIVE_LAUNCH = {"launch_cooperative_grid": 1}  # CUDA launch option: every program resident at once
 
 
@@ -151,7 +154,8 @@ def poll_words(words, mask):
     """One look at the words (masked lanes 1) that sees other programs' latest writes: a volatile
     load on NVIDIA (ld.volatile, served by L2); on AMD a relaxed atomic add of 0, since Triton
     gives a volatile load there no cache-coherence bits (compiled for gfx90a/gfx942: a plain
-    buffer_load, which a CU's L1 may answer with a stale line forever)."""
+    buffer_load, which a CU's L1 may answer with a stale line forever). LLVM may lower the add of 0
+    to a device-scope atomic load, which has the bits (triton 3.6 on gfx90a and gfx1100: glc)."""
     if is_hip():
         v = tl.where(mask, tl.atomic_add(words, 0, mask=mask, sem="relaxed"), 1)
     else:
@@ -167,24 +171,48 @@ def zero_word(sync_ptr):
 
 
 @triton.jit
-def depart(ws_ptr, sync_ptr, row, G, gs, after, zero):
-    """The single launch's way out of the exchange: count this program out of its row
-    (sync_ptr[2 + row], 0 when a launch starts); the row's last departer zeroes the row's words
-    and the counter for the next launch, which the kernel boundary orders before it; nobody waits
-    for that. Called right after the combine: placed after the output stores instead, it lost up
-    to 7 % on most shapes of probe 63 and won up to 6 % on three (session 14 in bench/NOTES.md).
+def depart(ws_ptr, sync_ptr, row, G, gs, after, zero, PER_WORD: tl.constexpr):
+    """The single launch's way out of the exchange, called right after the combine.
 
     The count must not leave before this program's loads of the words (row_words) have returned,
     or the last departer could zero a word that someone still polls. Its operand, 1 + (the bits of
     ``after`` & ``zero``), depends on every word read (``after``: a float32 the caller combined from
     them) and on ``zero`` (zero_word), whose value no compiler knows, so the dependence cannot be
-    folded away: no fence is needed for it."""
-    count_ptr = sync_ptr + 2 + row
-    old = tl.atomic_add(count_ptr, 1 + (after.to(tl.int32, bitcast=True) & zero), sem="relaxed")
-    if old == G - 1:
-        words = ws_ptr.to(tl.pointer_type(tl.int64))
-        tl.store(words + row * G + gs, (gs * 0).to(tl.int64), mask=gs < G)
-        tl.store(count_ptr, 0)
+    folded away: no fence is needed for it.
+
+    PER_WORD 0: one count a program on the row's counter (sync_ptr[2 + row]); the row's last
+    departer zeroes the row's words and the counter for the next launch, which the kernel boundary
+    orders before it. Triton hands a scalar atomic's result to every thread through shared memory
+    behind a barrier, so the program waits one L2 round trip here, before its output stores.
+    PER_WORD 1: lane g counts this program out of word g (its reader counter sync_ptr[2 + row * G
+    + g]), one tensor atomic a lane; with BLOCK_G >= the program's threads (CoopLaunch) no lane is
+    replicated, so each thread keeps its own results and nothing waits for them until
+    finish_departure, after the stores. G atomics a program instead of 1 (session 15: +3-4 % on
+    many bf16 rows of 8-16 chunks; -1 to -4 % with G of 64-128). Returns what finish_departure
+    takes (the counts seen)."""
+    one = 1 + (after.to(tl.int32, bitcast=True) & zero)
+    if PER_WORD:
+        seen = tl.atomic_add(sync_ptr + 2 + row * G + gs, gs * 0 + one, mask=gs < G, sem="relaxed")
+    else:
+        count_ptr = sync_ptr + 2 + row
+        if tl.atomic_add(count_ptr, one, sem="relaxed") == G - 1:
+            words = ws_ptr.to(tl.pointer_type(tl.int64))
+            tl.store(words + row * G + gs, (gs * 0).to(tl.int64), mask=gs < G)
+            tl.store(count_ptr, 0)
+        seen = gs * 0
+    return seen
+
+
+@triton.jit
+def finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE: tl.constexpr, PER_WORD: tl.constexpr):
+    """The end of a PER_WORD departure, at the end of the kernel: the last reader of word g (``seen``
+    == G - 1 in lane g) zeroes the word and its counter. Nothing to do otherwise."""
+    if PHASE == 0 and PER_WORD:
+        if G > 1:
+            last = (gs < G) & (seen == G - 1)
+            words = ws_ptr.to(tl.pointer_type(tl.int64))
+            tl.store(words + row * G + gs, (gs * 0).to(tl.int64), mask=last)
+            tl.store(sync_ptr + 2 + row * G + gs, gs * 0, mask=last)
 
 
 @triton.jit
@@ -200,41 +228,44 @@ def _sum_of(v, gs, G):
 
 
 @triton.jit
-def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.constexpr):
+def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.constexpr, PER_WORD: tl.constexpr):
     """The row's (max, sum) from this program's chunk partial (m, s). The word exchanged is
     pack_pair(m, s), never 0 (s >= 1 when m is finite, as the chunk's max adds exp(0); m = -inf,
     +inf or NaN has non-zero bits): publish_word, row_words, depart. PHASE 1 only publishes and
     returns (m, s); PHASE 2 only combines (m and s are not read; CoopLaunch zeroes the words after
     it). A one-chunk row (G == 1) in the single launch returns (m, s) as they are: no workspace, no
-    exchange (smem's one-chunk rows, session 13)."""
+    exchange (smem's one-chunk rows, session 13). Also returns the counts depart saw, for
+    finish_departure (PER_WORD: see depart)."""
+    seen = gs * 0
     if PHASE == 0:
         if G > 1:
             zero = zero_word(sync_ptr)
             publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
             m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, True), gs, G)
-            depart(ws_ptr, sync_ptr, row, G, gs, s, zero)
+            seen = depart(ws_ptr, sync_ptr, row, G, gs, s, zero, PER_WORD)
     elif PHASE == 1:
         publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
     else:
         m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, False), gs, G)
-    return m, s
+    return m, s, seen
 
 
 @triton.jit
-def exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE: tl.constexpr):
+def exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE: tl.constexpr, PER_WORD: tl.constexpr):
     """The backward's row sum from this program's partial sum, as exchange_max_sum; the word holds
     the sum's bits in its low half and 1 in its high half, which keeps it non-zero whatever the sum."""
+    seen = gs * 0
     if PHASE == 0:
         if G > 1:
             zero = zero_word(sync_ptr)
             publish_word(ws_ptr, ticket, low_bits(part) | (1 << 32), PHASE)
             part = _sum_of(row_words(ws_ptr, row, G, gs, True), gs, G)
-            depart(ws_ptr, sync_ptr, row, G, gs, part, zero)
+            seen = depart(ws_ptr, sync_ptr, row, G, gs, part, zero, PER_WORD)
     elif PHASE == 1:
         publish_word(ws_ptr, ticket, low_bits(part) | (1 << 32), PHASE)
     else:
         part = _sum_of(row_words(ws_ptr, row, G, gs, False), gs, G)
-    return part
+    return part, seen
 
 
 @triton.jit
@@ -259,7 +290,7 @@ def _softmax_coop_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -267,14 +298,16 @@ def _softmax_coop_fwd_kernel(
     ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
     exp(z - max) over the chunk; one int64 word to publish_word, 0 when a launch starts and
     ends). sync_ptr: int32, [0] the ticket counter, [1] always 0 (zero_word), [2 + r] row r's
-    departure counter (all 0 when a launch starts and ends).
+    departure counter, or with PER_WORD [2 + t] word t's reader counter (all 0 when a launch
+    starts and ends).
     BLOCK: tile width; TILES: tiles per chunk (1: the chunk stays in registers, one read, its
     exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
     cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
     hints on the two reads when TILES > 1 (0 gives plain loads). ALIGN: as in the fused kernel;
     chunks are cut from the realigned row's window (_common.row_window), chunk 0 also takes the
     head group and chunk G - 1 the tail group. RESIDENT: 1 when the launch is a CUDA cooperative
-    launch (every program resident at once): program ids replace tickets (take_ticket).
+    launch (every program resident at once): program ids replace tickets (take_ticket). PER_WORD:
+    how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
     """
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
@@ -305,7 +338,8 @@ def _softmax_coop_fwd_kernel(
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
-    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, tl.arange(0, BLOCK_G), PHASE)
+    gs = tl.arange(0, BLOCK_G)
+    m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         y_row = y_ptr + y_base
         if TILES == 1:
@@ -320,6 +354,7 @@ def _softmax_coop_fwd_kernel(
                             ZERO_MASKED, ALIGN)
             tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, lo, hi, LOG,
                         ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
+    finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -329,7 +364,7 @@ def _softmax_coop_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
-    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0,
+    HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk, publishes it (exchange_sum: one int64 word a program, 2 floats of ws), waits for its
@@ -363,7 +398,8 @@ def _softmax_coop_bwd_kernel(
         if ALIGN > 1:
             part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                                    ALIGN)
-    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, tl.arange(0, BLOCK_G), PHASE)
+    gs = tl.arange(0, BLOCK_G)
+    red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
     if PHASE != 1:
         d_row = dx_ptr + d_base
         if TILES == 1:
@@ -378,11 +414,25 @@ def _softmax_coop_bwd_kernel(
                                  chunk == G - 1, LOG, ALIGN)
             tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
                              LOG, BLOCK, TILES, HINTS, ALIGN)
+    finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
 def max_chunks(device: DeviceInfo) -> int:
     """The most programs a row may have: the forward-progress argument needs G <= SM count."""
     return max(1, device.sm_count)
+
+
+def per_word_departure(G: int, M: int, device: DeviceInfo) -> bool:
+    """Whether a single launch of a family that departs_per_word (smem) has its programs leave the
+    exchange word by word (depart's PER_WORD): rows of PER_WORD_CHUNKS chunks, at least
+    PER_WORD_ROWS_PER_SM rows an SM. H200, smem through auto against session 14's one count a row,
+    one process (bench/results/h200/session15-probes/probe66.log): forward bf16 4096x262144 4105
+    GB/s against 3912 (+4.9 %), 2048x262144 +4.2 %, 4096x131072 +2.9 %, 600x131072 +1.4 %, fp16
+    4096x262144 +1.4 %, fp32 4096x131072 +0.5 %; backward bf16 4096x131072/262144 +1.4/+1.3 %.
+    Left out (probe64.log, probe65.log, the same departure against one count a row): rows of 4
+    chunks (bf16 4096x65536 0.0/-0.2 %) and few rows, where G reaches 64-128 and every program
+    adds to G counters (bf16 16x1048576 -4.2 %, fp32 64x2097152 -1.3 %; 128x262144 +1.1 %)."""
+    return PER_WORD_CHUNKS[0] <= G <= PER_WORD_CHUNKS[1] and M >= PER_WORD_ROWS_PER_SM * device.sm_count
 
 
 def shape_config(device: DeviceInfo, N: int, block: int, num_warps: int, min_tiles: int = 1) -> LaunchConfig:
@@ -484,8 +534,15 @@ class CoopLaunch:
             raise ValueError(f"coop config {self.config}: BLOCK_G must be >= the {g} chunks of a "
                              f"{problem.N}-element row")
         flags = dict(flags or {})
+        # What the kernels run: the config, or with depart's PER_WORD a BLOCK_G of at least the
+        # program's threads (no lane of the exchange replicated); __call__ returns the config.
+        run = self.config
+        self.per_word = family.departs_per_word and not two_phase and per_word_departure(g, problem.M, device)
+        if self.per_word:
+            flags["PER_WORD"] = 1
+            run = run.with_meta(BLOCK_G=max(run["BLOCK_G"], run.num_warps * device.warp_size))
         phases = (1, 2) if two_phase else (0,)
-        self.launches = [PreparedLaunch(family, problem, self.config, device, flags={**flags, "PHASE": p})
+        self.launches = [PreparedLaunch(family, problem, run, device, flags={**flags, "PHASE": p})
                          for p in phases]
         self.mode = "two-phase" if two_phase else "ticketed"
         self.resident_error: str | None = None
@@ -495,11 +552,11 @@ class CoopLaunch:
         # cooperative variant is not even compiled (many rows, e.g. 4096 x G programs).
         at_most = _common.resident_programs(device, 1, self.config.num_warps, 0) * device.sm_count
         if not two_phase and device.backend == "cuda" and self.programs <= at_most:
-            cooperative = self.config.with_options(**COOPERATIVE_LAUNCH)
+            cooperative = run.with_options(**COOPERATIVE_LAUNCH)
             self._resident = PreparedLaunch(family, problem, cooperative, device,
                                             flags={**flags, "PHASE": 0, "RESIDENT": 1})
         self.ws_words = WORD_FLOATS * self.programs
-        self.sync_words = 2 + problem.M
+        self.sync_words = 2 + (self.programs if self.per_word else problem.M)  # the departure counters
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws, sync = scratch(x.device, self.ws_words, self.sync_words)
@@ -539,6 +596,10 @@ class CoopFamily(Family):
     ``configs``: the search space (coop's unless another kernel with coop's launch, smem, brings its own)."""
 
     grid_from_m = True
+    # Whether launches take depart's PER_WORD where per_word_departure says so: smem's. Coop's own
+    # kernels keep one count a row: no gain measured for them (backward fp32 4096x131072 +0.7 %,
+    # 4096x65536 -4.0 %, 8 warps holding 64 values a thread of dy and y; probe66.log).
+    departs_per_word = False
 
     def __init__(self, name: str, kernel, heuristic, configs=_configs):
         super().__init__(name, kernel, configs, heuristic, chunk_grid)

@@ -48,7 +48,7 @@ from ._common import (
     row_offsets,
     store_out,
 )
-from .coop import CoopFamily, CoopLaunch, exchange_max_sum, exchange_sum, take_ticket
+from .coop import CoopFamily, CoopLaunch, exchange_max_sum, exchange_sum, finish_departure, take_ticket
 
 try:
     from triton.experimental import gluon
@@ -141,7 +141,7 @@ def _softmax_smem_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating,
     each holding its chunk in shared memory.
@@ -149,7 +149,7 @@ def _softmax_smem_fwd_kernel(
     x_ptr, y_ptr: input and output, 16-byte aligned, unit column strides (stride_x_col and
     stride_y_col are not read), rows starting on 16-byte boundaries, N a multiple of the 16-byte
     vector (SmemLaunch checks all of it). scale, M, N, INNER, stride_*_outer/inner, LOG,
-    ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop
+    ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop
     kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
     memory (TILES x BLOCK x the input's element size bytes). HINTS: the output stores are marked
@@ -187,7 +187,7 @@ def _softmax_smem_fwd_kernel(
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    m_r, s_r = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE)
+    m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -201,6 +201,7 @@ def _softmax_smem_fwd_kernel(
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
             store_out(y_row + cols, y, cols < n_vec, DROP if HINTS else 0)
+    finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
 @gluon.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -210,7 +211,7 @@ def _softmax_smem_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0,
 ):
     """dx of softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row
     cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
@@ -221,7 +222,7 @@ def _softmax_smem_bwd_kernel(
     (stride_d_*). Unit column strides (stride_g_col and stride_d_col are not read), 16-byte aligned
     base pointers and row starts, N a whole number of 16-byte vectors (SmemLaunch checks all of it).
     scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
-    word); sync_ptr, BLOCK_G, PHASE, RESIDENT: as in the coop backward. BLOCK: elements a copy group;
+    word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
     HINTS: dx stores marked evict_first."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
@@ -254,13 +255,14 @@ def _softmax_smem_bwd_kernel(
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    red = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE)
+    red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
             store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), cols < n_vec, DROP if HINTS else 0)
+    finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
 def max_chunk_elements(device: DeviceInfo, held: int = 1) -> int:
@@ -396,6 +398,8 @@ class SmemFamily(CoopFamily):
     """A smem family (forward or backward): ``prepare`` gives a :class:`SmemLaunch`. ``held``: the
     tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
     the calls the kernel cannot take. Its heuristic also takes the input's element size."""
+
+    departs_per_word = True  # coop.per_word_departure: measured on smem's rows (session 15)
 
     def __init__(self, name: str, kernel, heuristic, held: int, fallback: CoopFamily):
         super().__init__(name, kernel, heuristic, configs=_config_space(held))
