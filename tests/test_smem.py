@@ -168,6 +168,22 @@ def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
     assert (c["BLOCK_G"] == 1) == (N <= 32768)
 
 
+@pytest.mark.parametrize("M,N,dtype,chunk,warps", [
+    (4096, 40960, torch.bfloat16, 8192, 2), (4096, 50176, torch.bfloat16, 8192, 2),
+    (264, 40960, torch.bfloat16, 8192, 2), (263, 40960, torch.bfloat16, 16384, 4),
+    (4096, 65536, torch.bfloat16, 16384, 4), (4096, 57345, torch.bfloat16, 16384, 4),
+    (4096, 40960, torch.float16, 16384, 4),
+    (4096, 40960, torch.float32, 16384, 4), (4096, 2**20 + 4096, torch.bfloat16, 16384, 4)], ids=str)
+def test_forward_heuristic_halves_bf16_chunks_when_the_last_would_be_half_empty(M, N, dtype, chunk, warps):
+    """8K chunks, 2 warps, for many bf16 rows (2 an SM) whose last 16K chunk would be at most half full
+    (40960 = 2.5 x 16K; 57345 leaves 16K chunks more than half full; fp16, fp32 and few rows keep 16K;
+    rows needing longer chunks to stay within the SM count keep 16K). Through the launch as the
+    dispatcher builds it: the problem carries the dtype."""
+    x = torch.empty(M, N, dtype=dtype, device="meta")
+    c = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False).config
+    assert (c["TILES"] * c["BLOCK"], c.num_warps) == (chunk, warps)
+
+
 def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for N in (32776, 50176, 65536, 262144, 2**20):

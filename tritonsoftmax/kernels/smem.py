@@ -61,6 +61,8 @@ IMPL = "smem"
 BLOCKS = (2048, 4096, 8192)
 MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk (fp32: 32K elements)
 ONE_CHUNK_MAX = 32768  # the forward heuristic makes rows of up to this bucket one chunk
+CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
+HALF_CHUNK_ROWS_PER_SM = 2  # ... or half of it, for many bf16 rows whose last chunk would be at most half full
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
 
@@ -298,26 +300,39 @@ def _config_space(held: int):
     return configs
 
 
-def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4) -> LaunchConfig:
+def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4,
+               dtype: torch.dtype | None = None) -> LaunchConfig:
     """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype
-    (``itemsize`` is not needed): the best of every config at bf16 and fp16 4096x65536 (3710/3742
+    (``itemsize`` is not needed; ``dtype``: see below): the best of every config at bf16 and fp16 4096x65536 (3710/3742
     GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
     bench/results/h200/session10-probes/probe37.log, part D). Rows of up to 32K (the N bucket): the
     row is one chunk (no exchange), 8 warps for 32K: bf16 4096x32768 3856 against 3796 with 4 warps and
-    3511 with two 16K chunks; 4 warps for 16K, 3707 against 3662 (session13-probes/probe59.log)."""
+    3511 with two 16K chunks; 4 warps for 16K, 3707 against 3662 (session13-probes/probe59.log).
+
+    Many bf16 rows (at least 2 an SM) whose last 16K chunk would be at most half full take 8K chunks
+    with 2 warps instead (the same 64 elements a thread). Through auto against 16K chunks, one process
+    (session15-probes/probe68.log): bf16 4096x40960 3858 GB/s against 3630 (G = 5 against 3, the
+    third half empty), 4096x73728 +6.4 %, 600x40960 +6.1 %, 2048x40960 +5.6 %, 4096x36864 +4.5 %,
+    4096x50176 +2.1 %. Not fp16, which lost there (4096x50176 -4.2 %, 4096x40960 -0.8 %), nor rows
+    16K chunks fill (bf16 4096x65536: 3961 against 3985, probe67.log)."""
     nb = n_bucket(N)
     if nb <= ONE_CHUNK_MAX:
         return coop.shape_config(device, N, 2048, 8 if nb >= ONE_CHUNK_MAX else 4, min_tiles=max(1, nb // 2048))
-    return coop.shape_config(device, N, 2048, 4, min_tiles=8)
+    if dtype == torch.bfloat16 and 0 < N % CHUNK <= CHUNK // 2 and M >= HALF_CHUNK_ROWS_PER_SM * device.sm_count:
+        half = coop.shape_config(device, N, 2048, 2, min_tiles=CHUNK // 2 // 2048)
+        if half["TILES"] * 2048 == CHUNK // 2:  # not when a row needs longer chunks (G <= the SM count)
+            return half
+    return coop.shape_config(device, N, 2048, 4, min_tiles=CHUNK // 2048)
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
 
 
-def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2) -> LaunchConfig:
-    """Backward of ``itemsize``-byte dy and y: 2K copy groups, 4 warps, chunks of BWD_CHUNK_BYTES (16K
-    elements in 16-bit, 8K in fp32) where the rows give at least COOP_PROGRAMS_PER_SM programs an SM,
-    else narrower, down to 4K elements (more programs for few rows). H200
+def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2,
+                   dtype: torch.dtype | None = None) -> LaunchConfig:
+    """Backward of ``itemsize``-byte dy and y (``dtype`` is not read): 2K copy groups, 4 warps, chunks
+    of BWD_CHUNK_BYTES (16K elements in 16-bit, 8K in fp32) where the rows give at least
+    COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K elements (more programs for few rows). H200
     (session12-probes/probe47.log and probe48.log, one process, GB/s, against coop's backward): bf16
     4096x65536 16K chunks 4080 (8K: 4017-4028) against 3549-3592, bf16 4096x262144 4130-4147 against
     3655-3675, 32x152064 2037 against 1659; bf16 8x131072 4K chunks 777-855, 16K 739-806, coop
@@ -406,8 +421,9 @@ class SmemFamily(CoopFamily):
         self.held, self.fallback = held, fallback
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
-        """The heuristic, told the input's element size (the backward sizes its chunks in bytes)."""
-        return self.heuristic(device, problem.M, problem.N, problem.itemsize)
+        """The heuristic, told the input's element size (the backward sizes its chunks in bytes) and dtype
+        (the forward's half chunks are for bf16)."""
+        return self.heuristic(device, problem.M, problem.N, problem.itemsize, problem.dtype)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
