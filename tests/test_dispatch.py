@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from synthetic_devices import GFX942, SM90
 
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused
 
-SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
-GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072, 4 * 2**20)
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
 

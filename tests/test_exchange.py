@@ -12,9 +12,10 @@ import torch
 from conftest import DEVICE
 from exchange_checks import assert_departure_without_wait, assert_fence_free_exchange
 from softmax_ref import assert_grad_close, assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
+from synthetic_devices import SM90
 
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.device import DeviceInfo, device_info
+from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import backward_family, coop, family, gluon_available
 from tritonsoftmax.layout import matrix_problem
 
@@ -85,8 +86,6 @@ def test_coop_polls_with_atomics_on_amd(target):
 
 
 # --- how a launch departs (coop.per_word_departure) ---
-
-SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
 
 
 def test_per_word_departure_for_many_rows_of_8_to_16_chunks():

@@ -20,18 +20,16 @@ from softmax_ref import (
     poisoned_like,
     random_input,
 )
+from synthetic_devices import GFX942, SM75, SM90
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.device import DeviceInfo, device_info
+from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, gluon_available
 from tritonsoftmax.layout import matrix_problem
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
-SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
-SM75 = DeviceInfo("cuda", "sm_75", "NVIDIA T4", 32, 40, 65536, 65536, 4 * 2**20)
-GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072, 4 * 2**20)
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
 
 

@@ -11,14 +11,14 @@ import torch
 import yaml
 from conftest import DEVICE
 from softmax_ref import assert_softmax_close, random_input
+from synthetic_devices import SM90
 
 import tritonsoftmax
 from tritonsoftmax import tuning
 from tritonsoftmax.config import LaunchConfig
-from tritonsoftmax.device import DeviceInfo, device_info
+from tritonsoftmax.device import device_info
 
 REPO = Path(__file__).resolve().parent.parent
-SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2**20)
 CFG = LaunchConfig.make(8, BLOCK_N=2048, ROWS=2)
 
 
