@@ -143,8 +143,9 @@ def test_backward_heuristic_narrows_chunks_for_few_rows_and_for_fp32():
     down to 4K elements for fewer (probe47/48: bf16 8x131072 777-855 GB/s with 4K chunks, 739-806
     with 16K; fp32 4096x65536 4180 with 8K, 3676 with 16K)."""
     shapes = [(4096, 65536), (32, 152064), (8, 131072), (1, 131072), (1, 2**21)]
-    for itemsize, want in ((2, [16384, 16384, 4096, 4096, 16384]), (4, [8192, 8192, 4096, 4096, 16384])):
-        got = [smem()._bwd_heuristic(SM90, M, N, itemsize) for M, N in shapes]
+    for dtype, want in ((torch.bfloat16, [16384, 16384, 4096, 4096, 16384]),
+                        (torch.float32, [8192, 8192, 4096, 4096, 16384])):
+        got = [smem()._bwd_heuristic(SM90, M, N, dtype) for M, N in shapes]
         assert [c["TILES"] * c["BLOCK"] for c in got] == want, "a 2M row needs 16K chunks: one chunk an SM"
 
 

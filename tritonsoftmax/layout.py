@@ -41,15 +41,14 @@ class RowStrides:
 @dataclass(frozen=True)
 class RowProblem:
     """M rows of N elements, ``inner`` rows per outer index, the strides of input and output, and the
-    input's element type (``itemsize`` bytes, ``dtype`` when known: x's, or the backward's dy's)."""
+    input's dtype (x's, or the backward's dy's)."""
 
     M: int
     N: int
     inner: int
     x: RowStrides
     y: RowStrides
-    itemsize: int = 4
-    dtype: torch.dtype | None = None
+    dtype: torch.dtype = torch.float32
 
     def rows_aligned(self, *element_sizes: int) -> bool:
         """Whether every row of input and output starts on a 16-byte boundary (given aligned base
@@ -111,7 +110,7 @@ def row_problem(x: torch.Tensor, y: torch.Tensor, dim: int) -> RowProblem | None
             # Column offsets are 32-bit in the kernels.
             if (N - 1) * max(sx.col, sy.col) > _INT32_MAX:
                 return None
-            return RowProblem(M, N, inner, sx, sy, x.element_size(), x.dtype)
+            return RowProblem(M, N, inner, sx, sy, x.dtype)
     return None
 
 

@@ -300,10 +300,9 @@ def _config_space(held: int):
     return configs
 
 
-def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4,
-               dtype: torch.dtype | None = None) -> LaunchConfig:
+def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.float32) -> LaunchConfig:
     """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype
-    (``itemsize`` is not needed; ``dtype``: see below): the best of every config at bf16 and fp16 4096x65536 (3710/3742
+    (``dtype`` matters only below): the best of every config at bf16 and fp16 4096x65536 (3710/3742
     GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
     bench/results/h200/session10-probes/probe37.log, part D). Rows of up to 32K (the N bucket): the
     row is one chunk (no exchange), 8 warps for 32K: bf16 4096x32768 3856 against 3796 with 4 warps and
@@ -328,9 +327,8 @@ def _heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 4,
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
 
 
-def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2,
-                   dtype: torch.dtype | None = None) -> LaunchConfig:
-    """Backward of ``itemsize``-byte dy and y (``dtype`` is not read): 2K copy groups, 4 warps, chunks
+def _bwd_heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
+    """Backward of dy and y of ``dtype``: 2K copy groups, 4 warps, chunks
     of BWD_CHUNK_BYTES (16K elements in 16-bit, 8K in fp32) where the rows give at least
     COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K elements (more programs for few rows). H200
     (session12-probes/probe47.log and probe48.log, one process, GB/s, against coop's backward): bf16
@@ -341,7 +339,7 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int, itemsize: int = 2,
     smem (dispatch.SMEM_FP32_MIN_N; session13-probes/probe54.log: 2048x524288 4049 against coop's
     3585)."""
     want = COOP_PROGRAMS_PER_SM * device.sm_count
-    most = BWD_CHUNK_BYTES // (2 * itemsize)
+    most = BWD_CHUNK_BYTES // (2 * dtype.itemsize)
     chunk = min(most, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
     return coop.shape_config(device, N, 2048, 4, min_tiles=chunk // 2048)
 
@@ -421,9 +419,9 @@ class SmemFamily(CoopFamily):
         self.held, self.fallback = held, fallback
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
-        """The heuristic, told the input's element size (the backward sizes its chunks in bytes) and dtype
-        (the forward's half chunks are for bf16)."""
-        return self.heuristic(device, problem.M, problem.N, problem.itemsize, problem.dtype)
+        """The heuristic, told the input's dtype (the backward sizes its chunks in bytes; the forward's
+        half chunks are for bf16)."""
+        return self.heuristic(device, problem.M, problem.N, problem.dtype)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
