@@ -14,10 +14,12 @@ QuACK when importable (``--peers-site`` or TRITONSOFTMAX_PEERS_SITE). A provider
 or fails on a point is skipped there with a one-line reason.
 
 Each point is the median of ``--repeats`` interleaved rounds (every provider once per round),
-each round a ``do_bench`` median. GB/s = (bytes read + bytes written) / time. Every run writes a
-``points-<part>.json`` into the output folder and rebuilds ``summary.md`` from all parts there,
-so a big grid can be run in pieces. Without a GPU the kernels run under the Triton interpreter
-and are timed with a wall clock: those numbers measure the interpreter, not a GPU.
+each round a ``do_bench`` median, or with ``--timer kernel`` the GPU time of the kernels a call
+launched as CUPTI records it (``bench.common.kernel_ms``: no launch gap, no event time; what ranks
+microsecond shapes fairly, into a ``-kernel`` suite folder). GB/s = (bytes read + bytes written) /
+time. Every run writes a ``points-<part>.json`` into the output folder and rebuilds ``summary.md``
+from all parts there, so a big grid can be run in pieces. Without a GPU the kernels run under the
+Triton interpreter and are timed with a wall clock: those numbers measure the interpreter, not a GPU.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def _parse(argv):
     ap.add_argument("--quick", action="store_true", help="a small grid (always on without a GPU)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (GPU default 3)")
     ap.add_argument("--rep-ms", type=float, default=30.0, help="do_bench budget per measurement")
+    ap.add_argument("--timer", choices=["events", "kernel"], default="events",
+                    help="events: do_bench's CUDA events around each call (default); kernel: the GPU time of "
+                         "the kernels each call launched, from CUPTI (GPU only)")
     ap.add_argument("--peers-site", default=None, help="folder made by install-peers.sh")
     ap.add_argument("--merge-only", action="store_true",
                     help="measure nothing: rebuild summary.md, PNGs and CSVs from the parts already in --out")
@@ -95,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from bench import peers
-    from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir, time_ms
+    from bench.common import bwd_bytes, fwd_bytes, gbps, kernel_ms, results_dir, time_ms
     from tritonsoftmax.device import device_info
 
+    if args.timer == "kernel" and not on_gpu:
+        print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)
+        return 2
     info = device_info(torch.device("cuda" if on_gpu else "cpu"))
     quick = args.quick or not on_gpu
     dtypes = args.dtype or (["float32", "float16", "bfloat16"] if on_gpu else ["float32"])
@@ -123,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         if not plots:
             print("error: --shapes matches no point of the chosen plots", file=sys.stderr)
             return 2
+    if args.timer == "kernel":
+        suite += "-kernel"
     slug = info.slug if on_gpu else "cpu-interpreter"
     out = results_dir(slug, suite, args.out)
     repeats = args.repeats or (3 if on_gpu else 1)
@@ -135,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     part = "-".join([args.preset, *plots, *dtypes]) + ("-quick" if quick and args.preset == "grid" else "")
     if args.shapes:
         part += "-" + "-".join(sorted(args.shapes))
+    if args.timer == "kernel":
+        part += "-kernel"
     command = " ".join(["python -m bench.sweep", *(argv if argv is not None else sys.argv[1:])])
     meta = {"command": command, "device": info.name, "torch": torch.__version__, "triton": triton.__version__,
-            "repeats": repeats, "rep_ms": args.rep_ms, "interpreter": not on_gpu,
+            "repeats": repeats, "rep_ms": args.rep_ms, "timer": args.timer, "interpreter": not on_gpu,
             "autotune": os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1"), "skipped": skipped,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -180,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 times: dict[str, list[float]] = {n: [] for n in fns}
                 for _ in range(repeats):
                     for name, fn in fns.items():
-                        times[name].append(time_ms(fn, warmup_ms=5, rep_ms=args.rep_ms))
+                        times[name].append(kernel_ms(fn) if args.timer == "kernel"
+                                           else time_ms(fn, warmup_ms=5, rep_ms=args.rep_ms))
                 nbytes = fwd_bytes(M, N, dtype) if args.mode == "fwd" else bwd_bytes(M, N, dtype)
                 rec = {"plot": plot, "dtype": dname, "M": M, "N": N,
                        "gbps": {n: float(f"{gbps(nbytes, statistics.median(t)):.4g}") for n, t in times.items()}}
@@ -278,6 +291,12 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
 
 
+def _timer_words(meta: dict) -> str:
+    if meta.get("timer", "events") == "kernel":
+        return "the GPU time of the kernels each call launched (CUPTI, L2 emptied before each call)"
+    return f"do_bench {meta['rep_ms']} ms"
+
+
 def write_summary(out: Path) -> str:
     """Rebuild ``summary.md`` from every points-*.json in ``out`` (parts of one grid merge here)."""
     from bench.peers import ALL, LABELS
@@ -287,8 +306,11 @@ def write_summary(out: Path) -> str:
              "and the `run` column names the command):", ""]
     lines += [f"{i}. `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on "
               f"{p['meta']['device']}, torch {p['meta']['torch']}, triton {p['meta']['triton']}, "
-              f"{p['meta']['repeats']} interleaved rounds x do_bench {p['meta']['rep_ms']} ms"
+              f"{p['meta']['repeats']} interleaved rounds x {_timer_words(p['meta'])}"
               for i, p in enumerate(parts, 1)]
+    if len({p["meta"].get("timer", "events") for p in parts}) > 1:
+        lines += ["", "**These parts were timed differently (do_bench events and CUPTI kernel time): "
+                      "compare points of one timer only.**"]
     if any(p["meta"]["interpreter"] for p in parts):
         lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
     lines += ["", "GB/s = (bytes read + bytes written) / median time (forward: x read, y written; backward: dy "

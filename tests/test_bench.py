@@ -62,3 +62,58 @@ def test_torch_compile_peer_gets_its_own_code_object_per_point(monkeypatch):
     dy, y = torch.randn(3, 5), torch.softmax(torch.randn(3, 5), -1)
     grad = peers.compiled_per_point(peers._softmax_grad_last)
     torch.testing.assert_close(grad(dy, y), y * (dy - (dy * y).sum(-1, keepdim=True)))
+
+
+def test_kernel_time_sums_the_calls_kernels_and_leaves_out_the_flush():
+    from bench.common import per_call_us
+
+    flush = {"fill<int8>"}
+    records = [("fill<int8>", 10, 700.0), ("softmax", 10, 19.0), ("Memset (Device)", 10, 1.0)]
+    assert per_call_us(records, flush, 10) == pytest.approx(2.0)
+    with pytest.raises(RuntimeError, match="cannot be separated"):
+        per_call_us([("fill<int8>", 20, 1400.0), ("softmax", 10, 19.0)], flush, 10)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        per_call_us([("fill<int8>", 10, 700.0)], flush, 10)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the refusal without a GPU")
+def test_kernel_timer_needs_a_gpu(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "bench.sweep", "--out", str(tmp_path), "--timer", "kernel"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "needs a GPU" in run.stderr
+    assert not list(tmp_path.glob("points-*.json"))
+
+
+def test_summary_names_each_parts_timer_and_flags_a_mix(tmp_path):
+    import json
+
+    from bench.sweep import write_summary
+
+    def part(name, timer, started):
+        meta = {"command": f"python -m bench.sweep {name}", "device": "GPU", "torch": "2", "triton": "3",
+                "repeats": 3, "rep_ms": 30.0, "interpreter": False, "autotune": "0", "skipped": {},
+                "started": started, **({"timer": timer} if timer else {})}
+        pts = [{"plot": "design", "dtype": "float32", "M": 8, "N": 2048, "gbps": {"auto": 70.0, "liger": 68.0}}]
+        (tmp_path / f"points-{name}.json").write_text(json.dumps({"meta": meta, "points": pts}))
+
+    part("a", None, "2026-11-30T10:00:00")  # a part written before the timer was recorded: do_bench
+    text = write_summary(tmp_path)
+    assert "x do_bench 30.0 ms" in text and "timed differently" not in text
+    part("b", "kernel", "2026-11-30T11:00:00")
+    text = write_summary(tmp_path)
+    assert "kernels each call launched (CUPTI" in text and "timed differently" in text
+    assert "| 8×2048 | " in text and "| 1.03 | 2 |" in text
+
+
+@pytest.mark.gpu
+def test_kernel_time_counts_every_kernel_of_a_call_and_no_event_gap():
+    import torch
+
+    from bench.common import kernel_ms, time_ms
+
+    a = torch.randn(8 * 1024 * 1024, device="cuda")
+    one = kernel_ms(lambda: a.mul_(1.0))
+    two = kernel_ms(lambda: (a.mul_(1.0), a.add_(0.0)))
+    assert 1.6 < two / one < 2.4, (one, two)
+    tiny = torch.randn(8, 2048, device="cuda")
+    assert kernel_ms(lambda: torch.softmax(tiny, -1)) < time_ms(lambda: torch.softmax(tiny, -1), rep_ms=20)
