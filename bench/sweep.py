@@ -15,7 +15,7 @@ or fails on a point is skipped there with a one-line reason.
 
 Each point is the median of ``--repeats`` interleaved rounds (every provider once per round),
 each round a ``do_bench`` median, or with ``--timer kernel`` the GPU time of the kernels a call
-launched as CUPTI records it (``bench.common.kernel_ms``: no launch gap, no event time; what ranks
+launched as CUPTI records it (``tritonsoftmax.kernel_timer``: no launch gap, no event time; what ranks
 microsecond shapes fairly, into a ``-kernel`` suite folder). GB/s = (bytes read + bytes written) /
 time. Every run writes a ``points-<part>.json`` into the output folder and rebuilds ``summary.md``
 from all parts there, so a big grid can be run in pieces. Without a GPU the kernels run under the
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from bench import peers
-    from bench.common import bwd_bytes, fwd_bytes, gbps, kernel_ms, results_dir, time_ms
+    from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir, time_ms
     from tritonsoftmax.device import device_info
+    from tritonsoftmax.kernel_timer import kernel_ms
 
     if args.timer == "kernel" and not on_gpu:
         print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)

@@ -282,3 +282,24 @@ def test_shipped_tables_are_inside_the_wheel_and_found_from_it(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()) == site / "tritonsoftmax" / "tune_cache"
+
+
+def test_entries_record_a_kernel_timer_and_lookup_reads_them_as_any_other(tmp_path, monkeypatch):
+    cfg = LaunchConfig.make(2, BLOCK=2048, BLOCK_G=64, TILES=1)
+    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 8, cfg, 0.00466)], "test", "kernel")
+    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 1, cfg, 0.0065)], "test")
+    by_m = yaml.safe_load(tuning.table_path(tmp_path, SM90).read_text())["entries"]["coop"]["float16"][131072]
+    assert by_m[16]["timer"] == "kernel" and "timer" not in by_m[1]
+    monkeypatch.setattr(tuning, "roots", lambda: [tmp_path])
+    entry = tuning.lookup(SM90, "coop", torch.float16, 131072, 8)
+    assert entry is not None and entry.config == cfg and entry.ms == pytest.approx(0.00466)
+
+
+def test_tuner_refuses_the_kernel_timer_without_a_gpu(tmp_path):
+    if DEVICE != "cpu":
+        pytest.skip("checks the refusal without a GPU")
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--timer", "kernel", "--out", str(tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2 and "needs a GPU" in run.stderr
+    assert not list(tmp_path.rglob("*.yaml"))

@@ -8,6 +8,7 @@ and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` l
     python -m tritonsoftmax.tune --families fused online tile    # every family, not only auto's
     python -m tritonsoftmax.tune --families coop --n 152064 --m 32  # one exact shape (stored under its bucket)
     python -m tritonsoftmax.tune --repo                          # write the checkout's tune_cache/ (to contribute)
+    python -m tritonsoftmax.tune --n 131072 --m 1 8 --timer kernel  # few short launches: rank by kernel time
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
 ``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
@@ -43,6 +44,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
     ap.add_argument("--rep-ms", type=float, default=25.0, help="do_bench repetition budget per config")
+    ap.add_argument("--timer", choices=["events", "kernel"], default="events",
+                    help="events: do_bench (default); kernel: the GPU time of the launch's kernels from CUPTI "
+                         "(tritonsoftmax.kernel_timer), for launches of a few microseconds, where do_bench's "
+                         "event time is a large, noisy share (GPU only; entries record the timer)")
     ap.add_argument("--backward", action="store_true",
                     help="tune the families' backward kernels (stored as <family>-bwd) instead of the forward")
     dest = ap.add_mutually_exclusive_group()
@@ -90,10 +95,14 @@ class _Workload:
         return (self.out.double() - ref).abs().max().item()
 
 
-def _timer(rep_ms: float):
+def _timer(rep_ms: float, kind: str = "events"):
     from .device import interpreter_active
     from .kernels._common import _interpreter_bench
 
+    if kind == "kernel":
+        from .kernel_timer import kernel_ms
+
+        return lambda fn: kernel_ms(fn, calls=20)
     if interpreter_active():
         return lambda fn: _interpreter_bench(fn)
     import triton
@@ -116,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("error: the tuner needs a GPU (or TRITON_INTERPRET=1 to exercise it on the CPU)", file=sys.stderr)
         return 2
+    if args.timer == "kernel" and dev.type != "cuda":
+        print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)
+        return 2
     info = device_info(dev)
     for name in args.families:
         if name != "auto" and name not in ALL_FAMILY_NAMES:
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if root is None:
         print("error: --repo needs a source checkout with a tune_cache/ folder", file=sys.stderr)
         return 2
-    timer = _timer(args.rep_ms)
+    timer = _timer(args.rep_ms, args.timer)
 
     if args.n and min(args.n) < 1:
         print("error: --n takes row lengths >= 1", file=sys.stderr)
@@ -144,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = list(dict.fromkeys(jobs))
     covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
               f"N {'/'.join(map(str, lengths)) if args.n else f'{lengths[0]}..{lengths[-1]}'}; "
-              f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})")
+              f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})"
+              f"{'; kernel time' if args.timer == 'kernel' else ''}")
     print(f"tuning {len(jobs)} shapes on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
 
@@ -177,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{ms * 1e3:9.1f} us {gbs:7.0f} GB/s  ({time.time() - start:.0f} s)", flush=True)
         del work
         if i % 8 == 0 or i == len(jobs):  # write as we go: a run cut short keeps what it measured
-            tuning.record(root, info, results, covers)
+            tuning.record(root, info, results, covers, args.timer)
             results = []
     if results:
-        tuning.record(root, info, results, covers)
+        tuning.record(root, info, results, covers, args.timer)
     print(f"wrote {tuning.table_path(root, info)}")
     return 0
 

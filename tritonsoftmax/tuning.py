@@ -189,8 +189,11 @@ def _cover_text(item) -> str:
 
 
 def record(root: Path, device: DeviceInfo,
-           results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "") -> Path:
+           results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "",
+           timer: str = "events") -> Path:
     """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``.
+    ``timer``: how ``ms`` was measured; entries timed by kernel time (``tritonsoftmax.kernel_timer``)
+    say so (``timer: kernel``), since their ms leave out what do_bench's count in.
 
     Atomic and safe against concurrent writers: read-merge-write under an exclusive lock, the new
     file written beside the old one and renamed over it. Returns the file's path.
@@ -212,7 +215,7 @@ def record(root: Path, device: DeviceInfo,
         for family, dtype, N, M, config, ms in results:
             slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_bucket(N), {})
             slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
-                                 "triton": triton.__version__}
+                                 "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         parts = (doc.get("header") or {}).get("covers") or []
         parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
         if covers and covers not in parts:
