@@ -15,9 +15,10 @@ or fails on a point is skipped there with a one-line reason.
 
 Each point is the median of ``--repeats`` interleaved rounds (every provider once per round),
 each round a ``do_bench`` median, or with ``--timer kernel`` the GPU time of the kernels a call
-launched as CUPTI records it (``tritonsoftmax.kernel_timer``: no launch gap, no event time; what ranks
-microsecond shapes fairly, into a ``-kernel`` suite folder). GB/s = (bytes read + bytes written) /
-time. Every run writes a ``points-<part>.json`` into the output folder and rebuilds ``summary.md``
+launched as CUPTI records it (``tritonsoftmax.kernel_timer``: no launch gap, no event time; what
+ranks microsecond shapes fairly; written to a ``-kernel`` suite folder, each point's JSON listing
+the kernels every call launched, with launches and microseconds per call). GB/s = (bytes read +
+bytes written) / time. Every run writes a ``points-<part>.json`` into the output folder and rebuilds ``summary.md``
 from all parts there, so a big grid can be run in pieces. Without a GPU the kernels run under the
 Triton interpreter and are timed with a wall clock: those numbers measure the interpreter, not a GPU.
 """
@@ -100,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from bench import peers
-    from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir, time_ms
+    from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir
     from tritonsoftmax.device import device_info
-    from tritonsoftmax.kernel_timer import kernel_ms
 
     if args.timer == "kernel" and not on_gpu:
         print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)
@@ -190,14 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"    skip {key}: {reason}", flush=True)
                     if on_gpu:
                         torch.cuda.synchronize()
-                times: dict[str, list[float]] = {n: [] for n in fns}
-                for _ in range(repeats):
-                    for name, fn in fns.items():
-                        times[name].append(kernel_ms(fn) if args.timer == "kernel"
-                                           else time_ms(fn, warmup_ms=5, rep_ms=args.rep_ms))
+                times, launched = measure(fns, repeats, args.timer, args.rep_ms)
                 nbytes = fwd_bytes(M, N, dtype) if args.mode == "fwd" else bwd_bytes(M, N, dtype)
                 rec = {"plot": plot, "dtype": dname, "M": M, "N": N,
                        "gbps": {n: float(f"{gbps(nbytes, statistics.median(t)):.4g}") for n, t in times.items()}}
+                if launched:
+                    rec["kernels"] = launched
                 points.append(rec)
                 best = _best_peer(rec["gbps"])
                 ours = rec["gbps"].get("auto")
@@ -216,6 +214,24 @@ def main(argv: list[str] | None = None) -> int:
     summary = write_summary(out)
     print(summary)
     return 0
+
+
+def measure(fns: dict, repeats: int, timer: str, rep_ms: float) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """Milliseconds per call of each provider in ``fns``, ``repeats`` interleaved rounds; with the
+    kernel timer also what each call put on the device (the last round's [name, launches, us])."""
+    from bench.common import time_ms
+    from tritonsoftmax.kernel_timer import kernel_profile
+
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    launched: dict[str, list] = {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if timer == "kernel":
+                launched[name] = [[k[:80], round(n, 2), round(us, 3)] for k, n, us in kernel_profile(fn)]
+                times[name].append(sum(us for _, _, us in launched[name]) / 1e3)
+            else:
+                times[name].append(time_ms(fn, warmup_ms=5, rep_ms=rep_ms))
+    return times, launched
 
 
 def _best_peer(gbps_by_provider: dict) -> tuple[str, float] | None:

@@ -65,15 +65,15 @@ def test_torch_compile_peer_gets_its_own_code_object_per_point(monkeypatch):
 
 
 def test_kernel_time_sums_the_calls_kernels_and_leaves_out_the_flush():
-    from tritonsoftmax.kernel_timer import per_call_us
+    from tritonsoftmax.kernel_timer import per_call
 
     flush = {"fill<int8>"}
-    records = [("fill<int8>", 10, 700.0), ("softmax", 10, 19.0), ("Memset (Device)", 10, 1.0)]
-    assert per_call_us(records, flush, 10) == pytest.approx(2.0)
+    records = [("fill<int8>", 10, 700.0), ("Memset (Device)", 10, 1.0), ("softmax", 10, 19.0)]
+    assert per_call(records, flush, 10) == [("softmax", 1.0, 1.9), ("Memset (Device)", 1.0, 0.1)]
     with pytest.raises(RuntimeError, match="cannot be separated"):
-        per_call_us([("fill<int8>", 20, 1400.0), ("softmax", 10, 19.0)], flush, 10)
+        per_call([("fill<int8>", 20, 1400.0), ("softmax", 10, 19.0)], flush, 10)
     with pytest.raises(RuntimeError, match="no kernel"):
-        per_call_us([("fill<int8>", 10, 700.0)], flush, 10)
+        per_call([("fill<int8>", 10, 700.0)], flush, 10)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the refusal without a GPU")

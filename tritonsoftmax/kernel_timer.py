@@ -17,6 +17,12 @@ FLUSH_BYTES = 256 * 1024 * 1024  # what do_bench writes between calls to empty L
 def kernel_ms(fn, calls: int = 30) -> float:
     """Mean GPU milliseconds per call of every kernel, memset and copy that ``fn`` puts on the device,
     with L2 emptied before each call as ``do_bench`` does; no launch gap, no event time. GPU only."""
+    return sum(us for _, _, us in kernel_profile(fn, calls)) / 1e3
+
+
+def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
+    """What ``fn`` puts on the device per call: (activity name, launches per call, microseconds per
+    call), longest first, from ``calls`` calls each behind an L2-emptying flush (left out). GPU only."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
@@ -33,7 +39,7 @@ def kernel_ms(fn, calls: int = 30) -> float:
             flush.zero_()
             fn()
         torch.cuda.synchronize()
-    return per_call_us(_device_records(prof), flush_keys, calls) / 1e3
+    return per_call(_device_records(prof), flush_keys, calls)
 
 
 def _device_records(prof) -> list[tuple[str, int, float]]:
@@ -48,19 +54,19 @@ def _device_records(prof) -> list[tuple[str, int, float]]:
     return rows
 
 
-def per_call_us(records: list[tuple[str, int, float]], flush_keys: set[str], calls: int) -> float:
-    """Device microseconds per call from ``(name, count, total us)`` records of ``calls`` calls,
-    each behind one flush whose activities are named ``flush_keys``. A flush name seen more than
-    ``calls`` times means the timed function launched that same kernel: its time cannot be told
-    from the flush's, so this refuses rather than guess."""
-    total = 0.0
+def per_call(records: list[tuple[str, int, float]], flush_keys: set[str], calls: int) -> list[tuple[str, float, float]]:
+    """(name, launches per call, device microseconds per call), longest first, from ``(name, count,
+    total us)`` records of ``calls`` calls, each behind one flush whose activities are named
+    ``flush_keys``. A flush name seen more than ``calls`` times means the timed function launched
+    that same kernel: its time cannot be told from the flush's, so this refuses rather than guess."""
+    out = []
     for key, count, device_us in records:
         if key in flush_keys:
             if count != calls:
                 raise RuntimeError(f"{key!r} ran {count} times in {calls} calls: the timed function launches "
                                    "the flush's own kernel, so its time cannot be separated")
             continue
-        total += device_us
-    if total <= 0:
+        out.append((key, count / calls, device_us / calls))
+    if not out:
         raise RuntimeError("the timed function put no kernel on the device")
-    return total / calls
+    return sorted(out, key=lambda r: -r[2])
