@@ -63,4 +63,3 @@ def time_ms(fn, warmup_ms: float = 10, rep_ms: float = 40) -> float:
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return sorted(times)[1]
-

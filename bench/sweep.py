@@ -18,9 +18,10 @@ each round a ``do_bench`` median, or with ``--timer kernel`` the GPU time of the
 launched as CUPTI records it (``tritonsoftmax.kernel_timer``: no launch gap, no event time; what
 ranks microsecond shapes fairly; written to a ``-kernel`` suite folder, each point's JSON listing
 the kernels every call launched, with launches and microseconds per call). GB/s = (bytes read +
-bytes written) / time. Every run writes a ``points-<part>.json`` into the output folder and rebuilds ``summary.md``
-from all parts there, so a big grid can be run in pieces. Without a GPU the kernels run under the
-Triton interpreter and are timed with a wall clock: those numbers measure the interpreter, not a GPU.
+bytes written) / time. Every run writes a ``points-<part>.json`` into the output folder and
+rebuilds ``summary.md`` from all parts there, so a big grid can be run in pieces. Without a GPU the
+kernels run under the Triton interpreter and are timed with a wall clock: those numbers measure the
+interpreter, not a GPU.
 """
 
 from __future__ import annotations

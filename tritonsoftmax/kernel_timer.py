@@ -26,7 +26,7 @@ def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
-        raise RuntimeError("kernel_ms reads CUPTI's records: it needs a CUDA GPU")
+        raise RuntimeError("the kernel timer reads CUPTI's records: it needs a CUDA GPU")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as calibration:
         flush.zero_()

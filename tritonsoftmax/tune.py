@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{tuning.table_path(root, info)}", flush=True)
 
     start = time.time()
-    results = []
+    recorded = 0
     gen = torch.Generator().manual_seed(0)
     for i, (fname, dname, N, M) in enumerate(jobs, 1):
         dtype = DTYPES[dname]
@@ -184,17 +184,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(jobs)}] {fam.name} {dname} N={N} M={M}: best config gave error {err}; not recorded")
             continue
         ms = timings[best]
-        results.append((fam.name, dtype, N, M, best, ms))
         gbs = work.nbytes / ms / 1e6
         print(f"[{i}/{len(jobs)}] {fam.name:10} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best {best}  "
               f"{ms * 1e3:9.1f} us {gbs:7.0f} GB/s  ({time.time() - start:.0f} s)", flush=True)
         del work
-        if i % 8 == 0 or i == len(jobs):  # write as we go: a run cut short keeps what it measured
-            tuning.record(root, info, results, covers, args.timer)
-            results = []
-    if results:
-        tuning.record(root, info, results, covers, args.timer)
-    print(f"wrote {tuning.table_path(root, info)}")
+        # Written after every shape: a run cut short keeps all it measured (session 16's, written every
+        # 8 shapes, lost two finished ones to its timeout). A write costs far less than a shape's tuning.
+        tuning.record(root, info, [(fam.name, dtype, N, M, best, ms)], covers, args.timer)
+        recorded += 1
+    print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
     return 0
 
 
