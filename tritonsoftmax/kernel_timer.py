@@ -28,10 +28,7 @@ def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
     if not torch.cuda.is_available():
         raise RuntimeError("the kernel timer reads CUPTI's records: it needs a CUDA GPU")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as calibration:
-        flush.zero_()
-        torch.cuda.synchronize()
-    flush_keys = {key for key, _, _ in _device_records(calibration)}
+    flush_keys = _flush_keys(flush)
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -40,6 +37,22 @@ def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
             fn()
         torch.cuda.synchronize()
     return per_call(_device_records(prof), flush_keys, calls)
+
+
+_flush_names: dict[int, set[str]] = {}  # device index -> what the flush puts on the device, by name
+
+
+def _flush_keys(flush: torch.Tensor) -> set[str]:
+    """The activity names of ``flush.zero_()``, profiled alone once per device (they do not change)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    index = flush.device.index
+    if index not in _flush_names:
+        with profile(activities=[ProfilerActivity.CUDA]) as calibration:
+            flush.zero_()
+            torch.cuda.synchronize()
+        _flush_names[index] = {key for key, _, _ in _device_records(calibration)}
+    return _flush_names[index]
 
 
 def _device_records(prof) -> list[tuple[str, int, float]]:

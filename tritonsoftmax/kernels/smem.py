@@ -410,7 +410,7 @@ class SmemLaunch(CoopLaunch):
 class SmemFamily(CoopFamily):
     """A smem family (forward or backward): ``prepare`` gives a :class:`SmemLaunch`. ``held``: the
     tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
-    the calls the kernel cannot take. Its heuristic also takes the input's element size."""
+    the calls the kernel cannot take. Its heuristic also takes the input's dtype."""
 
     departs_per_word = True  # coop.per_word_departure: measured on smem's rows (session 15)
 
