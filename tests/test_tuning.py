@@ -46,6 +46,15 @@ def test_round_trip_and_buckets(user_table):
     assert tuning.lookup(SM90, "online", torch.float32, 2048, 4096) is None  # another family
 
 
+def test_covers_line_replaced_as_a_run_goes(user_table):
+    """A run that writes after every shape updates its own covers line; other lines stay."""
+    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="earlier")
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 8, CFG, 0.01)], covers="run [shapes 1-1 of 2]")
+    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 8, CFG, 0.01)], covers="run",
+                  replaces="run [shapes 1-1 of 2]")
+    assert yaml.safe_load(path.read_text())["header"]["covers"] == ["earlier", "run"]
+
+
 def test_hand_edited_covers_line_stays_text(user_table):
     """A covers line edited by hand with ": " in it reads back as a mapping; the next record keeps
     it as "key: value" text, never a Python dict repr."""
@@ -212,8 +221,10 @@ def test_tuner_command_writes_a_table(tmp_path):
     assert "[2/2]" in run.stdout, run.stdout
     files = list(out.rglob("*.yaml"))
     assert len(files) == 1
-    entries = yaml.safe_load(files[0].read_text())["entries"]
-    assert set(entries["fused"]["float32"]) == {512, 1024}
+    data = yaml.safe_load(files[0].read_text())
+    assert set(data["entries"]["fused"]["float32"]) == {512, 1024}
+    (covers,) = data["header"]["covers"]  # the finished run's line, its progress line replaced
+    assert "N 512..1024" in covers and "[shapes" not in covers, covers
 
 
 def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):

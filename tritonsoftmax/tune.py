@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{tuning.table_path(root, info)}", flush=True)
 
     start = time.time()
-    recorded = 0
+    recorded, written_covers = 0, ""
     gen = torch.Generator().manual_seed(0)
     for i, (fname, dname, N, M) in enumerate(jobs, 1):
         dtype = DTYPES[dname]
@@ -190,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         del work
         # Written after every shape: a run cut short keeps all it measured (session 16's, written every
         # 8 shapes, lost two finished ones to its timeout). A write costs far less than a shape's tuning.
-        tuning.record(root, info, [(fam.name, dtype, N, M, best, ms)], covers, args.timer)
-        recorded += 1
+        # The covers line says how far the run got, so a run cut short does not claim the shapes it missed.
+        progress = f"{covers} [shapes 1-{i} of {len(jobs)}]" if i < len(jobs) else covers
+        tuning.record(root, info, [(fam.name, dtype, N, M, best, ms)], progress, args.timer, written_covers)
+        recorded, written_covers = recorded + 1, progress
     print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
     return 0
 

@@ -190,10 +190,12 @@ def _cover_text(item) -> str:
 
 def record(root: Path, device: DeviceInfo,
            results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "",
-           timer: str = "events") -> Path:
+           timer: str = "events", replaces: str = "") -> Path:
     """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``.
     ``timer``: how ``ms`` was measured; entries timed by kernel time (``tritonsoftmax.kernel_timer``)
     say so (``timer: kernel``), since their ms leave out what do_bench's count in.
+    ``covers`` joins the header's list of what the table covers, in place of ``replaces`` when that
+    line is there (a run that writes as it goes updates its own line).
 
     Atomic and safe against concurrent writers: read-merge-write under an exclusive lock, the new
     file written beside the old one and renamed over it. Returns the file's path.
@@ -218,7 +220,9 @@ def record(root: Path, device: DeviceInfo,
                                  "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         parts = (doc.get("header") or {}).get("covers") or []
         parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
-        if covers and covers not in parts:
+        if covers and replaces in parts and covers not in parts:
+            parts[parts.index(replaces)] = covers
+        elif covers and covers not in parts:
             parts.append(covers)
         new = {"schema": SCHEMA, "header": header(device, parts), "entries": entries}
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
