@@ -48,11 +48,18 @@ def test_round_trip_and_buckets(user_table):
 
 def test_covers_line_replaced_as_a_run_goes(user_table):
     """A run that writes after every shape updates its own covers line; other lines stay."""
+    one, two = "run [1 of 3 shapes recorded]", "run [2 of 3 shapes recorded]"
+
+    def covers():
+        return yaml.safe_load(path.read_text())["header"]["covers"]
+
     path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="earlier")
-    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 8, CFG, 0.01)], covers="run [shapes 1-1 of 2]")
-    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 8, CFG, 0.01)], covers="run",
-                  replaces="run [shapes 1-1 of 2]")
-    assert yaml.safe_load(path.read_text())["header"]["covers"] == ["earlier", "run"]
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 8, CFG, 0.01)], covers=one)
+    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 1, CFG, 0.01)], covers="later")
+    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 8, CFG, 0.01)], covers=two, replaces=one)
+    assert covers() == ["earlier", two, "later"]
+    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 8, CFG, 0.01)], covers="earlier", replaces=two)
+    assert covers() == ["earlier", "later"], "a line already there is not doubled"
 
 
 def test_hand_edited_covers_line_stays_text(user_table):
@@ -224,7 +231,7 @@ def test_tuner_command_writes_a_table(tmp_path):
     data = yaml.safe_load(files[0].read_text())
     assert set(data["entries"]["fused"]["float32"]) == {512, 1024}
     (covers,) = data["header"]["covers"]  # the finished run's line, its progress line replaced
-    assert "N 512..1024" in covers and "[shapes" not in covers, covers
+    assert "N 512..1024" in covers and "shapes recorded" not in covers, covers
 
 
 def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):

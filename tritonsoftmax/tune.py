@@ -190,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         del work
         # Written after every shape: a run cut short keeps all it measured (session 16's, written every
         # 8 shapes, lost two finished ones to its timeout). A write costs far less than a shape's tuning.
-        # The covers line says how far the run got, so a run cut short does not claim the shapes it missed.
-        progress = f"{covers} [shapes 1-{i} of {len(jobs)}]" if i < len(jobs) else covers
+        # The covers line says how many shapes are in, so a run cut short (or with a shape that found no
+        # config) does not claim the shapes it missed; it becomes the plain line once every shape is.
+        recorded += 1
+        progress = covers if recorded == len(jobs) else f"{covers} [{recorded} of {len(jobs)} shapes recorded]"
         tuning.record(root, info, [(fam.name, dtype, N, M, best, ms)], progress, args.timer, written_covers)
-        recorded, written_covers = recorded + 1, progress
+        written_covers = progress
     print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
     return 0
 

@@ -220,10 +220,12 @@ def record(root: Path, device: DeviceInfo,
                                  "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         parts = (doc.get("header") or {}).get("covers") or []
         parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
-        if covers and replaces in parts and covers not in parts:
-            parts[parts.index(replaces)] = covers
-        elif covers and covers not in parts:
-            parts.append(covers)
+        at = len(parts)
+        if replaces and replaces in parts:
+            at = parts.index(replaces)
+            del parts[at]
+        if covers and covers not in parts:
+            parts.insert(at, covers)
         new = {"schema": SCHEMA, "header": header(device, parts), "entries": entries}
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
