@@ -64,6 +64,7 @@ def _design_plots(dtypes: list[str], mode: str) -> dict:
 
 def _parse(argv):
     from bench.peers import ALL
+    from tritonsoftmax.kernel_timer import TIMERS
 
     ap = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,7 +77,7 @@ def _parse(argv):
     ap.add_argument("--quick", action="store_true", help="a small grid (always on without a GPU)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (GPU default 3)")
     ap.add_argument("--rep-ms", type=float, default=30.0, help="do_bench budget per measurement")
-    ap.add_argument("--timer", choices=["events", "kernel"], default="events",
+    ap.add_argument("--timer", choices=TIMERS, default="events",
                     help="events: do_bench's CUDA events around each call (default); kernel: the GPU time of "
                          "the kernels each call launched, from CUPTI (GPU only)")
     ap.add_argument("--peers-site", default=None, help="folder made by install-peers.sh")
@@ -104,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench import peers
     from bench.common import bwd_bytes, fwd_bytes, gbps, results_dir
     from tritonsoftmax.device import device_info
+    from tritonsoftmax.kernel_timer import NEEDS_GPU
 
     if args.timer == "kernel" and not on_gpu:
-        print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)
+        print(f"error: {NEEDS_GPU}", file=sys.stderr)
         return 2
     info = device_info(torch.device("cuda" if on_gpu else "cpu"))
     quick = args.quick or not on_gpu
@@ -221,7 +223,7 @@ def measure(fns: dict, repeats: int, timer: str, rep_ms: float) -> tuple[dict[st
     """Milliseconds per call of each provider in ``fns``, ``repeats`` interleaved rounds; with the
     kernel timer also what each call put on the device (the last round's [name, launches, us])."""
     from bench.common import time_ms
-    from tritonsoftmax.kernel_timer import kernel_profile
+    from tritonsoftmax.kernel_timer import kernel_profile, total_ms
 
     times: dict[str, list[float]] = {n: [] for n in fns}
     launched: dict[str, list] = {}
@@ -229,7 +231,7 @@ def measure(fns: dict, repeats: int, timer: str, rep_ms: float) -> tuple[dict[st
         for name, fn in fns.items():
             if timer == "kernel":
                 launched[name] = [[k[:80], round(n, 2), round(us, 3)] for k, n, us in kernel_profile(fn)]
-                times[name].append(sum(us for _, _, us in launched[name]) / 1e3)
+                times[name].append(total_ms(launched[name]))
             else:
                 times[name].append(time_ms(fn, warmup_ms=5, rep_ms=rep_ms))
     return times, launched

@@ -12,12 +12,19 @@ from __future__ import annotations
 import torch
 
 FLUSH_BYTES = 256 * 1024 * 1024  # what do_bench writes between calls to empty L2
+TIMERS = ("events", "kernel")  # the --timer choices of bench.sweep and tritonsoftmax.tune
+NEEDS_GPU = "--timer kernel reads CUPTI's kernel records and needs a GPU"  # their refusal without one
 
 
 def kernel_ms(fn, calls: int = 30) -> float:
     """Mean GPU milliseconds per call of every kernel, memset and copy that ``fn`` puts on the device,
     with L2 emptied before each call as ``do_bench`` does; no launch gap, no event time. GPU only."""
-    return sum(us for _, _, us in kernel_profile(fn, calls)) / 1e3
+    return total_ms(kernel_profile(fn, calls))
+
+
+def total_ms(profile) -> float:
+    """Milliseconds per call of a :func:`kernel_profile` (rows of name, launches, microseconds)."""
+    return sum(row[2] for row in profile) / 1e3
 
 
 def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .kernel_timer import NEEDS_GPU, TIMERS, kernel_ms
+
 FORWARD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}  # tables are tuned on plain softmax (the same kernels' cost)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -44,7 +46,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
     ap.add_argument("--rep-ms", type=float, default=25.0, help="do_bench repetition budget per config")
-    ap.add_argument("--timer", choices=["events", "kernel"], default="events",
+    ap.add_argument("--timer", choices=TIMERS, default="events",
                     help="events: do_bench (default); kernel: the GPU time of the launch's kernels from CUPTI "
                          "(tritonsoftmax.kernel_timer), for launches of a few microseconds, where do_bench's "
                          "event time is a large, noisy share (GPU only; entries record the timer)")
@@ -100,8 +102,6 @@ def _timer(rep_ms: float, kind: str = "events"):
     from .kernels._common import _interpreter_bench
 
     if kind == "kernel":
-        from .kernel_timer import kernel_ms
-
         return lambda fn: kernel_ms(fn, calls=20)
     if interpreter_active():
         return lambda fn: _interpreter_bench(fn)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the tuner needs a GPU (or TRITON_INTERPRET=1 to exercise it on the CPU)", file=sys.stderr)
         return 2
     if args.timer == "kernel" and dev.type != "cuda":
-        print("error: --timer kernel reads CUPTI's kernel records and needs a GPU", file=sys.stderr)
+        print(f"error: {NEEDS_GPU}", file=sys.stderr)
         return 2
     info = device_info(dev)
     for name in args.families:
