@@ -118,3 +118,23 @@ def test_kernel_time_counts_every_kernel_of_a_call_and_no_event_gap():
     assert 1.6 < two / one < 2.4, (one, two)
     tiny = torch.randn(8, 2048, device="cuda")
     assert kernel_ms(lambda: torch.softmax(tiny, -1)) < time_ms(lambda: torch.softmax(tiny, -1), rep_ms=20)
+
+
+def test_measure_interleaves_rounds_and_keeps_each_providers_kernels(monkeypatch):
+    """sweep.measure with the kernel timer: one profile per provider per round, in round order (a, b,
+    a, b), each round's time the sum of its kernels, and the last round's kernel list kept."""
+    from bench import sweep
+    from tritonsoftmax import kernel_timer
+
+    order, us = [], {"a": iter([10.0, 12.0]), "b": iter([5.0, 7.0])}
+
+    def fake_profile(fn, calls=30):
+        name = fn()
+        order.append(name)
+        return [(f"{name}_kernel", 1.0, next(us[name])), ("memset", 2.0, 1.0)]
+
+    monkeypatch.setattr(kernel_timer, "kernel_profile", fake_profile)
+    times, launched = sweep.measure({"a": lambda: "a", "b": lambda: "b"}, 2, "kernel", 30.0)
+    assert order == ["a", "b", "a", "b"]
+    assert times == {"a": [0.011, 0.013], "b": [0.006, 0.008]}
+    assert launched["a"] == [["a_kernel", 1.0, 12.0], ["memset", 2.0, 1.0]]
