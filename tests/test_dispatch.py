@@ -50,8 +50,8 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
 
 @pytest.mark.parametrize("M,N,fp32_fwd,fp32_bwd,bf16_fwd,bf16_bwd", [
     (1, 8388608, "split", "split", "split", "split"), (1, 2097152, "split", "smem", "split", "smem"),
-    (32, 152064, "coop", "coop", "coop", "smem"), (1, 131072, "coop", "coop", "coop", "smem"),
-    (8, 131072, "coop", "coop", "coop", "smem"), (4, 1048576, "coop", "coop", "coop", "smem"),
+    (32, 152064, "coop", "coop", "coop", "smem"), (1, 131072, "coop", "coop", "coop", "coop"),
+    (8, 131072, "coop", "coop", "coop", "coop"), (4, 1048576, "coop", "coop", "coop", "smem"),
     (8, 1048576, "coop", "smem", "smem", "smem"), (40, 131072, "coop", "coop", "coop", "smem"),
     (48, 131072, "coop", "coop", "smem", "smem"), (128, 131072, "coop", "coop", "smem", "smem"),
     (263, 65536, "coop", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
@@ -70,6 +70,32 @@ def test_few_long_rows_go_to_coop_when_they_fit_at_once_or_read_once_in_fp32_or_
     assert dispatch.choose(264, 131072, torch.bfloat16, SM90, aligned=False).impl == "coop"
     assert dispatch.choose(263, 65536, torch.bfloat16, SM90, aligned=False).impl == "split", "smem needs aligned rows"
     assert dispatch.choose(263, 65540, torch.bfloat16, SM90).impl == "split", "smem needs whole 16-byte vectors"
+
+
+def test_few_16bit_rows_of_one_chunk_an_sm_go_to_coop_backward_only_with_a_tuned_coop_config(tmp_path, monkeypatch):
+    """At most 132 x 8192 elements on the H200; the shipped table holds coop-bwd configs there. Without
+    one (a user table alone) the rows stay with smem, and one entry serves only its own dtype."""
+    for dtype in (torch.bfloat16, torch.float16):
+        for M, N in [(1, 65536), (16, 65536), (8, 131072), (4, 262144), (2, 524288), (1, 1048576), (9, 120000)]:
+            assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == "coop", (dtype, M, N)
+            assert dispatch.choose(M, N, dtype, SM90).impl != "smem" or M * N > 132 * 8192
+        for M, N in [(32, 65536), (16, 131072), (8, 262144), (2, 1048576), (1, 2097152)]:
+            assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == "smem", (dtype, M, N)
+        assert dispatch.choose(8, 131072, dtype, GFX942, backward=True).impl not in ("coop", "smem")
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(dispatch.tuning, "shipped_dir", lambda: None)
+    dispatch.clear_cache()
+    try:
+        assert dispatch.choose(8, 131072, torch.bfloat16, SM90, backward=True).impl == "smem"
+        config = LaunchConfig.make(2, BLOCK=4096, BLOCK_G=32, TILES=1)
+        dispatch.tuning.record(tmp_path, SM90, [("coop-bwd", torch.bfloat16, 131072, 8, config, 0.005)])
+        dispatch.clear_cache()
+        assert dispatch.choose(8, 131072, torch.bfloat16, SM90, backward=True).impl == "coop"
+        assert dispatch.choose(8, 131072, torch.float16, SM90, backward=True).impl == "smem"
+        assert dispatch.choose(16, 131072, torch.bfloat16, SM90, backward=True).impl == "smem", "2M elements"
+        assert dispatch.choose(8, 131072, torch.float32, SM90, backward=True).impl == "coop"
+    finally:
+        dispatch.clear_cache()
 
 
 @pytest.mark.parametrize("M,N,impl", [

@@ -130,6 +130,19 @@ SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 
+# Few 16-bit rows of at most COOP_BWD_16BIT_CHUNKS_PER_SM x COOP_CHUNK elements an SM (backward) run
+# coop's backward rather than smem's when coop-bwd has a tuned config for the shape: its tuned configs
+# (one wide program an SM or fewer, 32-64 values a thread) exchange with fewer programs than smem-bwd.
+# H200, session 18 (bench/results/h200/session18-probes/probe74.log, one process, kernel time, us, coop's
+# tuned config against smem-bwd): bf16 8x131072 4.91 / 5.08, 4x262144 5.10 / 5.40, 1x524288 3.72 / 3.94,
+# 16x65536 4.96 / 5.12; fp16 8x131072 4.84 / 5.11, 2x524288 4.40 / 4.53, 1x1048576 4.50 / 4.63; at 1M
+# elements or fewer coop leads by 0.7-6.3 % (bf16 1x1048576 level, 4.59 / 4.58). At 2M elements the two
+# are level (0.98-1.02) and 2x1048576 loses 12 % (6.73 / 5.91). Coop's heuristic config (4 warps of 8-16
+# values a thread, four programs an SM) ties or trails smem-bwd at every shape of 1M elements or fewer
+# (bf16 8x131072 5.29 against 5.08, fp16 1x1048576 5.65 against 4.63), so without a tuned entry the
+# rows stay with smem.
+COOP_BWD_16BIT_CHUNKS_PER_SM = 1
+
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int = FUSED_PROGRAMS_PER_SM) -> int:
     """Longest row (power of two, elements) that the fused family keeps on chip on ``device`` with
@@ -214,6 +227,17 @@ def smem_few_fp32_rows(s: Shape) -> bool:
             and not coop_holds_all(s, SMEM_FP32_FEW_ROWS_BEYOND) and smem_takes(s))
 
 
+def coop_tuned_16bit_backward(s: Shape) -> bool:
+    """Few 16-bit rows (backward) that smem takes, of at most COOP_BWD_16BIT_CHUNKS_PER_SM chunks of
+    COOP_CHUNK an SM, read once, for which the tuning table holds a coop-bwd config."""
+    if not (s.backward and s.dtype.itemsize <= 2 and few_rows(s) and coop_single_read(s) and smem_takes(s)
+            and s.M * s.N <= COOP_BWD_16BIT_CHUNKS_PER_SM * s.device.sm_count * COOP_CHUNK):
+        return False
+    from .kernels import coop
+
+    return stored(s.device, coop.BWD_FAMILY, s.dtype, s.N, s.M) is not None
+
+
 def smem_backward(s: Shape) -> bool:
     """The backward runs smem's kernel: 16-bit rows it takes, and fp32 rows of SMEM_FP32_MIN_N
     or longer unless coop holds every program at once and reads each element once."""
@@ -248,6 +272,8 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
+    Rule("coop", "few 16-bit rows of at most one chunk an SM (backward) with a tuned coop-bwd config: its wide "
+         "programs exchange with fewer programs than smem-bwd", coop_tuned_16bit_backward),
     Rule("smem", "long rows (backward; fp32 from 512K, unless coop holds all and reads once): dy and y "
          "chunks held in shared memory in their dtype, each element read once", smem_backward),
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
@@ -297,6 +323,13 @@ class Plan:
 _plans: dict[tuple, Plan] = {}
 
 
+def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int) -> tuning.Entry | None:
+    """The tuning table's entry for family ``fam`` at this shape; families whose grid grows with M take
+    entries from fewer rows only (tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M)."""
+    fewer = tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
+    return tuning.lookup(device, fam.name, dtype, N, M, fewer)
+
+
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
          device: torch.device, backward: bool = False, aligned: bool = True) -> Plan:
     """The cached launch plan for one call shape (``impl`` already validated; ``aligned``: every
@@ -312,8 +345,7 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        fewer = tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
-        entry = tuning.lookup(info, fam.name, dtype, N, M, fewer)
+        entry = stored(info, fam, dtype, N, M)
         p = Plan(name, fam, entry.config if entry else None, info, entry is not None)
         _plans[key] = p
     return p
