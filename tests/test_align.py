@@ -1,12 +1,19 @@
 """Rows that start off a 16-byte boundary (a row length that is not a multiple of 16 bytes): the
-forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule that turns it on."""
+forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule that turns it on. Rows on
+16-byte boundaries whose length is not a multiple of 16 elements: the fused kernels' VEC declaration
+(_common.row_vec)."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from conftest import DEVICE
 from softmax_ref import assert_softmax_close, grad_reference, poisoned_like, random_input
 
-from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.config import LaunchConfig, next_power_of_2
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import _common, family
 from tritonsoftmax.layout import RowProblem, RowStrides, matrix_problem
@@ -170,3 +177,82 @@ def test_realigned_path_is_exact_when_the_base_pointer_is_off_16_bytes(impl, con
     family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
                          flags={"LOG": 0, "ZERO_MASKED": 0, "ALIGN": 8})(x, y, 1.0)
     assert_softmax_close(y, x)
+
+
+def test_row_vec_declares_whole_vectors_of_aligned_rows_only():
+    assert _common.row_vec(_problem(200, 200), 4, 4) == 4, "800-byte rows of 200 fp32"
+    assert _common.row_vec(_problem(136, 136), 2, 2) == 8, "272-byte rows of 136 bf16"
+    assert _common.row_vec(_problem(200, 200), 4, 2) == 4, "the wider dtype sets the vector"
+    assert _common.row_vec(_problem(100, 100), 2, 2) == 1, "200-byte rows start off 16 bytes"
+    assert _common.row_vec(_problem(202, 202), 4, 4) == 1, "N not whole vectors"
+    assert _common.row_vec(_problem(200, 208), 4, 4) == 4, "a padded row stride"
+    assert _common.row_vec(_problem(200, 202), 4, 4) == 1, "a row stride off 16 bytes"
+    assert _common.row_vec(_problem(200, 200, col=2), 4, 4) == 1, "strided columns"
+    assert _common.row_vec(_problem(200, 200), 8, 8) == 2
+    assert _common.row_vec(_problem(256, 256), 4, 4) == 1, "Triton knows 256 and its strides are multiples of 16"
+    assert _common.row_vec(_problem(256, 264), 4, 4) == 4, "a row stride of 264 it does not"
+
+
+VEC_CASES = [(torch.float32, 200), (torch.float16, 136), (torch.float32, 1000), (torch.float16, 2056)]
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("dtype,N", VEC_CASES, ids=[f"{str(d)[6:]}-{n}" for d, n in VEC_CASES])
+def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, rows):
+    """A row stride padded past N (N + 8 elements): the declared vectors must not reach the padding."""
+    config = LaunchConfig.make(2, BLOCK_N=next_power_of_2(N), ROWS=rows)
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    for padded in (False, True):
+        cols = N + 8 if padded else N
+        x = random_input((5, cols), dtype, DEVICE, seed=N + rows)[:, :N]
+        x[2] = float("-inf")
+        out = poisoned_like(random_input((5, cols), dtype, DEVICE))
+        y = out[:, :N]
+        prepared = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device),
+                                           flags={"LOG": 0, "ZERO_MASKED": 0})
+        prepared(x, y, 1.0)
+        assert prepared.flags["VEC"] == vec and prepared.flags["ALIGN"] == 1
+        assert_softmax_close(y, x)
+        assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"
+        yb = torch.softmax(random_input((5, cols), dtype, DEVICE, seed=2).float(), -1).to(dtype)[:, :N]
+        dy = random_input((5, cols), dtype, DEVICE, seed=3)[:, :N]
+        assert dy.stride() == yb.stride()
+        out = poisoned_like(random_input((5, cols), dtype, DEVICE))
+        dx = out[:, :N]
+        back = _backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(yb.device),
+                                                 flags={"LOG": 0})
+        back(dy, dx, yb, 1.0)
+        assert back.flags["VEC"] == vec
+        rtol, atol = {torch.float32: (0, 1e-5), torch.float16: (2e-3, 4e-3)}[dtype]
+        torch.testing.assert_close(dx.double(), grad_reference(dy, yb), rtol=rtol, atol=atol)
+        assert torch.isnan(out[:, N:]).all()
+
+
+def _backward_family(name: str):
+    from tritonsoftmax.kernels import backward_family
+
+    return backward_family(name)
+
+
+@pytest.fixture(scope="module")
+def fused_ptx() -> dict:
+    here = os.path.dirname(os.path.abspath(__file__))
+    cases = [[k, d, {"VEC": v}] for k in ("fwd", "bwd") for d, vs in (("fp32", (1, 4)), ("bf16", (1, 8))) for v in vs]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, os.path.join(here, "fused_compile.py"), json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {(k, d, f["VEC"]): ptx for (k, d, f), ptx in zip(cases, json.loads(done.stdout), strict=True)}
+
+
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype,vec", [("fp32", 4), ("bf16", 8)])
+def test_fused_rows_of_whole_vectors_load_and_store_16_bytes_at_a_time(fused_ptx, which, dtype, vec):
+    """Triton knows a 32-bit argument's divisibility by 16 only: rows of 200 fp32 are read one element
+    a load unless VEC says N and the row strides are whole vectors."""
+    scalar = {"fp32": "b32", "bf16": "b16"}[dtype]
+    declared, plain = fused_ptx[(which, dtype, vec)], fused_ptx[(which, dtype, 1)]
+    for op in ("ld.global", "st.global"):
+        assert f"{op}.v4" in declared and f"{op}.{scalar} " not in declared, (which, dtype, op)
+        assert f"{op}.v4" not in plain and f"{op}.{scalar} " in plain, (which, dtype, op)

@@ -527,6 +527,19 @@ def row_align(problem: RowProblem, *element_sizes: int) -> int:
     return ALIGN_BYTES // min(element_sizes)
 
 
+def row_vec(problem: RowProblem, *element_sizes: int) -> int:
+    """VEC for the kernels that take it: the elements in ALIGN_BYTES of the widest dtype when every row
+    starts on a 16-byte boundary (rows_aligned) and N is a whole number of such vectors, else 1. Triton
+    specialises integer arguments on divisibility by 16 only, so without it rows of, say, 200 fp32
+    elements (800 bytes) are read one element a load. Also 1 where Triton knows it already (N and every
+    row stride multiples of 16), which leaves those launches as they were."""
+    vec = ALIGN_BYTES // max(element_sizes)
+    if vec == 1 or problem.N % vec or not problem.rows_aligned(*element_sizes):
+        return 1
+    strides = (problem.x.outer, problem.x.inner, problem.y.outer, problem.y.inner)
+    return 1 if problem.N % 16 == 0 and all(s % 16 == 0 for s in strides) else vec
+
+
 class PreparedLaunch:
     """One family on one RowProblem, ready to start again and again with new tensors.
 
@@ -546,7 +559,7 @@ class PreparedLaunch:
             config = family.heuristic(device, problem.M, problem.N)
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
-        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN): not tuned, not stored
+        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC): not tuned, not stored
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
@@ -604,9 +617,12 @@ class PreparedLaunch:
         return compiled
 
     def _set_align(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Kernels with an ALIGN parameter get it from row_align, once."""
+        """Kernels with an ALIGN (VEC) parameter get it from row_align (row_vec), once."""
+        sizes = (x.element_size(), y.element_size())
         if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
-            self.flags["ALIGN"] = row_align(self.problem, x.element_size(), y.element_size())
+            self.flags["ALIGN"] = row_align(self.problem, *sizes)
+        if "VEC" in self.family.kernel.arg_names and "VEC" not in self.flags:
+            self.flags["VEC"] = row_vec(self.problem, *sizes)
 
     def _kwargs_grid(self) -> tuple[dict[str, int], tuple]:
         """The config's launch keyword arguments and the grid they give."""

@@ -89,7 +89,7 @@ def _softmax_fused_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1,
+    STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -105,9 +105,18 @@ def _softmax_fused_fwd_kernel(
     elements in 16 bytes when rows start off a 16-byte boundary (set by PreparedLaunch from
     _common.row_align): a one-row tile (ROWS == 1) is then read and written as whole aligned
     groups plus its two partial end groups (_common.row_window), so the loads stay 16 bytes wide;
-    several-row tiles keep the plain path.
+    several-row tiles keep the plain path. VEC: 1, or the elements in 16 bytes when every row starts on a
+    16-byte boundary and N is a whole number of VEC-element vectors (_common.row_vec); N and the row
+    strides are then rewritten as multiples of VEC, which they are, so the compiler knows it and the
+    loads, stores and masks stay 16 bytes wide for any such N (200 fp32 elements, 136 bf16).
     """
     pid = tl.program_id(0)
+    if VEC > 1:
+        N = (N // VEC) * VEC
+        stride_x_outer = (stride_x_outer // VEC) * VEC
+        stride_x_inner = (stride_x_inner // VEC) * VEC
+        stride_y_outer = (stride_y_outer // VEC) * VEC
+        stride_y_inner = (stride_y_inner // VEC) * VEC
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
@@ -123,7 +132,7 @@ def _softmax_fused_bwd_kernel(
     stride_g_outer, stride_g_inner, stride_g_col,
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
-    LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -131,9 +140,15 @@ def _softmax_fused_bwd_kernel(
     dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
     Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
-    tiles only; dy, y and dx in one layout).
+    tiles only; dy, y and dx in one layout). VEC: as in the forward.
     """
     pid = tl.program_id(0)
+    if VEC > 1:
+        N = (N // VEC) * VEC
+        stride_g_outer = (stride_g_outer // VEC) * VEC
+        stride_g_inner = (stride_g_inner // VEC) * VEC
+        stride_d_outer = (stride_d_outer // VEC) * VEC
+        stride_d_inner = (stride_d_inner // VEC) * VEC
     if ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
