@@ -63,6 +63,15 @@ def row_offsets(rows, INNER, stride_outer, stride_inner):
 
 
 @triton.jit
+def whole_vectors(N, stride_a_outer, stride_a_inner, stride_b_outer, stride_b_inner, VEC: tl.constexpr):
+    """N and two layouts' row strides as (v // VEC) * VEC: equal to them when row_vec gave VEC (every
+    one a multiple of it), and known to the compiler as multiples of VEC, which Triton's specialisation
+    (divisibility by 16 only) cannot tell for, say, N = 200."""
+    return ((N // VEC) * VEC, (stride_a_outer // VEC) * VEC, (stride_a_inner // VEC) * VEC,
+            (stride_b_outer // VEC) * VEC, (stride_b_inner // VEC) * VEC)
+
+
+@triton.jit
 def row_window(start, N, ALIGN: tl.constexpr):
     """A row of N elements at element offset ``start`` (from a 16-byte aligned base; scalars or
     tensors, elementwise) seen as a window of ALIGN-element groups that begins at the group holding

@@ -19,6 +19,7 @@ from ._common import (
     load_scaled,
     row_offsets,
     whole_row_lanes,
+    whole_vectors,
 )
 
 IMPL = "fused"
@@ -107,16 +108,13 @@ def _softmax_fused_fwd_kernel(
     groups plus its two partial end groups (_common.row_window), so the loads stay 16 bytes wide;
     several-row tiles keep the plain path. VEC: 1, or the elements in 16 bytes when every row starts on a
     16-byte boundary and N is a whole number of VEC-element vectors (_common.row_vec); N and the row
-    strides are then rewritten as multiples of VEC, which they are, so the compiler knows it and the
-    loads, stores and masks stay 16 bytes wide for any such N (200 fp32 elements, 136 bf16).
+    strides are then rewritten as multiples of VEC (_common.whole_vectors), so the compiler knows it and
+    the loads, stores and masks stay 16 bytes wide for any such N (200 fp32 elements, 136 bf16).
     """
     pid = tl.program_id(0)
     if VEC > 1:
-        N = (N // VEC) * VEC
-        stride_x_outer = (stride_x_outer // VEC) * VEC
-        stride_x_inner = (stride_x_inner // VEC) * VEC
-        stride_y_outer = (stride_y_outer // VEC) * VEC
-        stride_y_inner = (stride_y_inner // VEC) * VEC
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
@@ -144,11 +142,8 @@ def _softmax_fused_bwd_kernel(
     """
     pid = tl.program_id(0)
     if VEC > 1:
-        N = (N // VEC) * VEC
-        stride_g_outer = (stride_g_outer // VEC) * VEC
-        stride_g_inner = (stride_g_inner // VEC) * VEC
-        stride_d_outer = (stride_d_outer // VEC) * VEC
-        stride_d_inner = (stride_d_inner // VEC) * VEC
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     if ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
