@@ -46,7 +46,8 @@ def compile_case(which: str, flags: dict) -> str:
         else:
             sig[name] = "constexpr"
     const = {"LOG": 0, "ZERO_MASKED": 0} if which == "fwd" else {"LOG": 0}
-    const.update({"BLOCK": 2048, "TILES": 1, "BLOCK_G": 64, "PHASE": 0, "HINTS": 1, "ALIGN": 1, "RESIDENT": 0, **flags})
+    const.update({"BLOCK": 2048, "TILES": 1, "BLOCK_G": 64, "PHASE": 0, "HINTS": 1, "ALIGN": 1, "RESIDENT": 0, "VEC": 1,
+                  **flags})
     compiled = triton.compile(ASTSource(kernel, sig, const), target=TARGET, options={"num_warps": 4})
     return compiled.asm["ptx" if backend == "cuda" else "amdgcn"]
 

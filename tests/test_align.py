@@ -234,25 +234,57 @@ def _backward_family(name: str):
     return backward_family(name)
 
 
+ROW_KERNELS = {  # (module, kernel): the constexprs without a default; whether it stores rows
+    ("fused", "_softmax_fused_fwd_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK_N": 256, "ROWS": 8}, True),
+    ("fused", "_softmax_fused_bwd_kernel"): ({"LOG": 0, "BLOCK_N": 256, "ROWS": 8}, True),
+    ("online", "_softmax_online_fwd_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024}, True),
+    ("online", "_softmax_online_bwd_kernel"): ({"LOG": 0, "BLOCK": 1024}, True),
+    ("tile", "_softmax_tile_fwd_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024}, True),
+    ("split", "_softmax_split_stats_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024, "TILES": 2,
+                                                "BLOCK_G": 16}, False),
+    ("split", "_softmax_split_write_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024, "TILES": 2,
+                                                "BLOCK_G": 16}, True),
+    ("split", "_softmax_split_bwd_partial_kernel"): ({"LOG": 0, "BLOCK": 1024, "TILES": 2, "BLOCK_G": 16}, False),
+    ("split", "_softmax_split_bwd_write_kernel"): ({"LOG": 0, "BLOCK": 1024, "TILES": 2, "BLOCK_G": 16}, True),
+    ("coop", "_softmax_coop_fwd_kernel"): ({"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024, "TILES": 1, "BLOCK_G": 64,
+                                            "PHASE": 0}, True),
+    ("coop", "_softmax_coop_bwd_kernel"): ({"LOG": 0, "BLOCK": 1024, "TILES": 1, "BLOCK_G": 64, "PHASE": 0}, True),
+}
+VEC_DTYPES = (("fp32", 4), ("bf16", 8))
+
+
 @pytest.fixture(scope="module")
-def fused_ptx() -> dict:
+def row_kernel_ptx() -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
-    cases = [[k, d, {"VEC": v}] for k in ("fwd", "bwd") for d, vs in (("fp32", (1, 4)), ("bf16", (1, 8))) for v in vs]
+    cases = [[mod, name, dtype, {**const, "VEC": v}] for (mod, name), (const, _) in ROW_KERNELS.items()
+             for dtype, vec in VEC_DTYPES for v in (1, vec)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
     env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, os.path.join(here, "fused_compile.py"), json.dumps(cases)],
-                          capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run([sys.executable, os.path.join(here, "kernel_compile.py"), json.dumps(cases)],
+                          capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
-    return {(k, d, f["VEC"]): ptx for (k, d, f), ptx in zip(cases, json.loads(done.stdout), strict=True)}
+    ptxs = json.loads(done.stdout)
+    return {(name, dtype, c["VEC"]): ptx for (_, name, dtype, c), ptx in zip(cases, ptxs, strict=True)}
 
 
-@pytest.mark.parametrize("which", ["fwd", "bwd"])
-@pytest.mark.parametrize("dtype,vec", [("fp32", 4), ("bf16", 8)])
-def test_fused_rows_of_whole_vectors_load_and_store_16_bytes_at_a_time(fused_ptx, which, dtype, vec):
+def _global_ops(ptx: str, op: str) -> tuple[int, int]:
+    """(16-byte, scalar) global loads or stores in ``ptx``."""
+    lines = [line for line in ptx.splitlines() if f"{op}.global" in line]
+    return sum(".v4." in line for line in lines), sum(".v2." not in line and ".v4." not in line for line in lines)
+
+
+@pytest.mark.parametrize("dtype,vec", VEC_DTYPES)
+@pytest.mark.parametrize("kernel", [name for _, name in ROW_KERNELS], ids=lambda n: n[9:-7])
+def test_rows_of_whole_vectors_load_and_store_16_bytes_at_a_time(row_kernel_ptx, kernel, dtype, vec):
     """Triton knows a 32-bit argument's divisibility by 16 only: rows of 200 fp32 are read one element
-    a load unless VEC says N and the row strides are whole vectors."""
-    scalar = {"fp32": "b32", "bf16": "b16"}[dtype]
-    declared, plain = fused_ptx[(which, dtype, vec)], fused_ptx[(which, dtype, 1)]
-    for op in ("ld.global", "st.global"):
-        assert f"{op}.v4" in declared and f"{op}.{scalar} " not in declared, (which, dtype, op)
-        assert f"{op}.v4" not in plain and f"{op}.{scalar} " in plain, (which, dtype, op)
+    a load unless VEC says N and the row strides are whole vectors. The scalar loads left with VEC are
+    the exchange's workspace words (split, coop); a few scalar stores are coop's words."""
+    stores_rows = next(s for (_, name), (_, s) in ROW_KERNELS.items() if name == kernel)
+    declared, plain = row_kernel_ptx[(kernel, dtype, vec)], row_kernel_ptx[(kernel, dtype, 1)]
+    wide_ld, scalar_ld = _global_ops(declared, "ld")
+    assert wide_ld > 0 and scalar_ld <= 2, (wide_ld, scalar_ld)
+    assert _global_ops(plain, "ld")[0] == 0 and _global_ops(plain, "ld")[1] > 2
+    if stores_rows:
+        wide_st, scalar_st = _global_ops(declared, "st")
+        assert wide_st > 0 and scalar_st < _global_ops(plain, "st")[1], (wide_st, scalar_st)
+        assert _global_ops(plain, "st")[0] == 0

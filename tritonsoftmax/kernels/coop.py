@@ -63,6 +63,7 @@ from ._common import (
     tiles_grad_write,
     tiles_max_sum,
     tiles_write,
+    whole_vectors,
 )
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
@@ -291,6 +292,7 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -308,7 +310,11 @@ def _softmax_coop_fwd_kernel(
     head group and chunk G - 1 the tail group. RESIDENT: 1 when the launch is a CUDA cooperative
     launch (every program resident at once): program ids replace tickets (take_ticket). PER_WORD:
     how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G
@@ -365,6 +371,7 @@ def _softmax_coop_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk, publishes it (exchange_sum: one int64 word a program, 2 floats of ws), waits for its
@@ -373,7 +380,11 @@ def _softmax_coop_bwd_kernel(
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
     y and dx in one layout).
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G

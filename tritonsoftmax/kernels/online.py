@@ -17,6 +17,7 @@ from ._common import (
     tiles_grad_write,
     tiles_max_sum,
     tiles_write,
+    whole_vectors,
 )
 from .tile import BLOCKS as TILE_BLOCKS
 from .tile import _grid, _heuristic, configs_over
@@ -37,6 +38,7 @@ def _softmax_online_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
     reverse write pass.
@@ -48,7 +50,11 @@ def _softmax_online_fwd_kernel(
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
     (see _common.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
@@ -71,12 +77,17 @@ def _softmax_online_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
     dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
     in the forward (ALIGN > 1: dy, y and dx share one layout).
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     row = tl.program_id(0)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)

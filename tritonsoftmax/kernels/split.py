@@ -43,6 +43,7 @@ from ._common import (
     tiles_grad_write,
     tiles_max_sum,
     tiles_write,
+    whole_vectors,
 )
 
 IMPL = "split"
@@ -60,6 +61,7 @@ def _softmax_split_stats_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
@@ -71,7 +73,11 @@ def _softmax_split_stats_kernel(
     the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -95,6 +101,7 @@ def _softmax_split_write_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
@@ -104,7 +111,11 @@ def _softmax_split_write_kernel(
     a one-tile chunk (TILES == 1) is loaded before the partials are read (and, with PDL, before
     waiting for pass 1). PDL: launched as a programmatic dependent launch; it waits for pass 1 (and
     its partials) before reading them.
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
@@ -135,12 +146,17 @@ def _softmax_split_bwd_partial_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest (ALIGN: dy, y and
     dx in one layout; PDL) as in pass 1 of the forward.
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -162,9 +178,14 @@ def _softmax_split_bwd_write_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
+    VEC: tl.constexpr = 1,
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
-    one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2."""
+    one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2; VEC as in the
+    fused kernel (rows of whole 16-byte vectors, _common.row_vec)."""
+    if VEC > 1:
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,

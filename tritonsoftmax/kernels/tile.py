@@ -11,7 +11,7 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import _common
-from ._common import Family, exp, finish, load_scaled, row_offsets
+from ._common import Family, exp, finish, load_scaled, row_offsets, whole_vectors
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -24,6 +24,7 @@ def _softmax_tile_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
+    VEC: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program in three passes over BLOCK-wide tiles.
 
@@ -33,7 +34,11 @@ def _softmax_tile_fwd_kernel(
     Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
     keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
     (the first tiles are the ones pass 2 left in cache).
+    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
     """
+    if VEC > 1:
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
