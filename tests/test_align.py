@@ -4,18 +4,16 @@ forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule tha
 (_common.row_vec)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from compile_scripts import run_compile_script
 from conftest import DEVICE
 from softmax_ref import assert_softmax_close, grad_reference, poisoned_like, random_input
 
 from tritonsoftmax.config import LaunchConfig, next_power_of_2
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import _common, family
+from tritonsoftmax.kernels import _common, backward_family, family
 from tritonsoftmax.layout import RowProblem, RowStrides, matrix_problem
 
 REALIGNED = [
@@ -138,8 +136,6 @@ BACKWARD = [(name, c) for name, c in REALIGNED if "STAGES" not in dict(c.meta)]
                                                         for n, c in BACKWARD])
 def test_realigned_backward_matches_reference(impl, config, dtype, N, log):
     """The backward kernels' realigned path (dy, y and dx in one layout) against float64."""
-    from tritonsoftmax.kernels import backward_family
-
     x = random_input((9, N), torch.float32, DEVICE, seed=N + log)
     y = (torch.log_softmax(x, -1) if log else torch.softmax(x, -1)).to(dtype)
     dy = random_input((9, N), dtype, DEVICE, seed=7)
@@ -154,8 +150,6 @@ def test_realigned_backward_matches_reference(impl, config, dtype, N, log):
 
 @pytest.mark.parametrize("impl,config", CHOSEN, ids=[name for name, _ in CHOSEN])
 def test_a_backward_of_odd_rows_chooses_the_realigned_path(impl, config):
-    from tritonsoftmax.kernels import backward_family
-
     y = torch.softmax(random_input((3, 2051), torch.float32, DEVICE), -1)
     dy = random_input((3, 2051), torch.float32, DEVICE, seed=1)
     dx = poisoned_like(y)
@@ -201,7 +195,7 @@ VEC_CASES = [(torch.float32, 200), (torch.float16, 136), (torch.float32, 1000), 
 def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, rows):
     """A row stride padded past N (N + 8 elements): the declared vectors must not reach the padding."""
     config = LaunchConfig.make(2, BLOCK_N=next_power_of_2(N), ROWS=rows)
-    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    vec = 16 // dtype.itemsize
     for padded in (False, True):
         cols = N + 8 if padded else N
         x = random_input((5, cols), dtype, DEVICE, seed=N + rows)[:, :N]
@@ -219,19 +213,13 @@ def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, rows):
         assert dy.stride() == yb.stride()
         out = poisoned_like(random_input((5, cols), dtype, DEVICE))
         dx = out[:, :N]
-        back = _backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(yb.device),
-                                                 flags={"LOG": 0})
+        back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(yb.device),
+                                                flags={"LOG": 0})
         back(dy, dx, yb, 1.0)
         assert back.flags["VEC"] == vec
         rtol, atol = {torch.float32: (0, 1e-5), torch.float16: (2e-3, 4e-3)}[dtype]
         torch.testing.assert_close(dx.double(), grad_reference(dy, yb), rtol=rtol, atol=atol)
         assert torch.isnan(out[:, N:]).all()
-
-
-def _backward_family(name: str):
-    from tritonsoftmax.kernels import backward_family
-
-    return backward_family(name)
 
 
 ROW_KERNELS = {  # (module, kernel): the constexprs without a default; whether it stores rows
@@ -255,15 +243,9 @@ VEC_DTYPES = (("fp32", 4), ("bf16", 8))
 
 @pytest.fixture(scope="module")
 def row_kernel_ptx() -> dict:
-    here = os.path.dirname(os.path.abspath(__file__))
     cases = [[mod, name, dtype, {**const, "VEC": v}] for (mod, name), (const, _) in ROW_KERNELS.items()
              for dtype, vec in VEC_DTYPES for v in (1, vec)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, os.path.join(here, "kernel_compile.py"), json.dumps(cases)],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ptxs = json.loads(done.stdout)
+    ptxs = run_compile_script("kernel_compile.py", json.dumps(cases))
     return {(name, dtype, c["VEC"]): ptx for (_, name, dtype, c), ptx in zip(cases, ptxs, strict=True)}
 
 

@@ -2,13 +2,11 @@
 correctness rests on must survive the compiler (kernels/coop.py: publish_word, row_words, depart)."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
+from compile_scripts import run_compile_script
 from conftest import DEVICE
 from exchange_checks import assert_departure_without_wait, assert_fence_free_exchange
 from softmax_ref import assert_grad_close, assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
@@ -19,7 +17,6 @@ from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import backward_family, coop, family, gluon_available
 from tritonsoftmax.layout import matrix_problem
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PER_WORD = {"PER_WORD": 1, "BLOCK_G": 256}  # BLOCK_G >= the 4 warps' threads, wave64 included (CoopLaunch)
 CASES = [["fwd", {}], ["fwd", {"TILES": 4}], ["bwd", {}], ["fwd", {"RESIDENT": 1}],
          ["fwd", PER_WORD], ["fwd", {**PER_WORD, "TILES": 4}], ["bwd", PER_WORD], ["fwd", {**PER_WORD, "RESIDENT": 1}],
@@ -30,12 +27,8 @@ SINGLE_IDS = ["fwd", "fwd-tiles", "bwd", "resident", "per-word-fwd", "per-word-f
 
 
 def _compile(target: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, os.path.join(HERE, "coop_compile.py"), target, json.dumps(CASES)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {json.dumps(case): asm for case, asm in zip(CASES, json.loads(done.stdout), strict=True)}
+    asms = run_compile_script("coop_compile.py", target, json.dumps(CASES))
+    return {json.dumps(case): asm for case, asm in zip(CASES, asms, strict=True)}
 
 
 @pytest.fixture(scope="module")

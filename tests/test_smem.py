@@ -52,18 +52,12 @@ def compiled_sm90() -> dict:
     """Every case of CASES compiled for sm_90 by tests/smem_compile.py, in one process of its own
     (the forward with its heuristic config at 4096x65536, the backward with its own)."""
     import json
-    import os
-    import subprocess
-    import sys
+
+    from compile_scripts import run_compile_script
 
     configs = {"fwd": smem()._heuristic(SM90, 4096, 65536), "bwd": smem()._bwd_heuristic(SM90, 4096, 65536)}
     cases = [[k, dt, out, dict(configs[k].meta), configs[k].num_warps, flags] for k, dt, out, flags in CASES]
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, os.path.join(here, "smem_compile.py"), json.dumps(cases)],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_compile_script("smem_compile.py", json.dumps(cases))
     found = {(k, dt, out, json.dumps(flags)): r for (k, dt, out, flags), r in zip(CASES, results, strict=True)}
     return {"config": configs["fwd"], "bwd_config": configs["bwd"], **found}
 
