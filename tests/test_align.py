@@ -173,29 +173,35 @@ def test_realigned_path_is_exact_when_the_base_pointer_is_off_16_bytes(impl, con
     assert_softmax_close(y, x)
 
 
-def test_row_vec_declares_whole_vectors_of_aligned_rows_only():
+def test_row_vec_declares_the_widest_vectors_rows_are_made_of():
     assert _common.row_vec(_problem(200, 200), 4, 4) == 4, "800-byte rows of 200 fp32"
     assert _common.row_vec(_problem(136, 136), 2, 2) == 8, "272-byte rows of 136 bf16"
     assert _common.row_vec(_problem(200, 200), 4, 2) == 4, "the wider dtype sets the vector"
-    assert _common.row_vec(_problem(100, 100), 2, 2) == 1, "200-byte rows start off 16 bytes"
-    assert _common.row_vec(_problem(202, 202), 4, 4) == 1, "N not whole vectors"
+    assert _common.row_vec(_problem(100, 100), 2, 2) == 4, "200-byte rows start on 8 bytes: 8-byte vectors"
+    assert _common.row_vec(_problem(102, 102), 2, 2) == 2, "204-byte rows start on 4 bytes"
+    assert _common.row_vec(_problem(101, 101), 2, 2) == 1, "odd N"
+    assert _common.row_vec(_problem(202, 202), 4, 4) == 2, "N whole 8-byte vectors only"
     assert _common.row_vec(_problem(200, 208), 4, 4) == 4, "a padded row stride"
-    assert _common.row_vec(_problem(200, 202), 4, 4) == 1, "a row stride off 16 bytes"
+    assert _common.row_vec(_problem(200, 202), 4, 4) == 2, "a row stride off 16 bytes"
+    assert _common.row_vec(_problem(200, 201), 4, 4) == 1, "an odd row stride"
+    assert _common.row_vec(_problem(200, 200, 202), 4, 4) == 2, "the output's stride counts too"
     assert _common.row_vec(_problem(200, 200, col=2), 4, 4) == 1, "strided columns"
     assert _common.row_vec(_problem(200, 200), 8, 8) == 2
     assert _common.row_vec(_problem(256, 256), 4, 4) == 1, "Triton knows 256 and its strides are multiples of 16"
     assert _common.row_vec(_problem(256, 264), 4, 4) == 4, "a row stride of 264 it does not"
+    assert _common.row_vec(_problem(256, 260), 2, 2) == 4, "260 bf16 = 520 bytes"
 
 
-VEC_CASES = [(torch.float32, 200), (torch.float16, 136), (torch.float32, 1000), (torch.float16, 2056)]
+VEC_CASES = [(torch.float32, 200, 4), (torch.float16, 136, 8), (torch.float32, 1000, 4), (torch.float16, 2056, 8),
+             (torch.float16, 100, 4), (torch.float32, 202, 2), (torch.float16, 2054, 2)]
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("dtype,N", VEC_CASES, ids=[f"{str(d)[6:]}-{n}" for d, n in VEC_CASES])
-def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, rows):
-    """A row stride padded past N (N + 8 elements): the declared vectors must not reach the padding."""
+@pytest.mark.parametrize("dtype,N,vec", VEC_CASES, ids=[f"{str(d)[6:]}-{n}" for d, n, _ in VEC_CASES])
+def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, vec, rows):
+    """A row stride padded past N (N + 8 elements): the declared vectors must not reach the padding.
+    fp16 2054: VEC 2 together with the realigned one-row path (ALIGN 8) and the plain several-row one."""
     config = LaunchConfig.make(2, BLOCK_N=next_power_of_2(N), ROWS=rows)
-    vec = 16 // dtype.itemsize
     for padded in (False, True):
         cols = N + 8 if padded else N
         x = random_input((5, cols), dtype, DEVICE, seed=N + rows)[:, :N]
@@ -205,7 +211,8 @@ def test_fused_vec_path_matches_reference_and_writes_no_padding(dtype, N, rows):
         prepared = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device),
                                            flags={"LOG": 0, "ZERO_MASKED": 0})
         prepared(x, y, 1.0)
-        assert prepared.flags["VEC"] == vec and prepared.flags["ALIGN"] == 1
+        assert prepared.flags["VEC"] == vec
+        assert prepared.flags["ALIGN"] == (8 if N == 2054 else 1), "2054 fp16 rows start off 16 bytes: realigned"
         assert_softmax_close(y, x)
         assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"
         yb = torch.softmax(random_input((5, cols), dtype, DEVICE, seed=2).float(), -1).to(dtype)[:, :N]
@@ -270,3 +277,20 @@ def test_rows_of_whole_vectors_load_and_store_16_bytes_at_a_time(row_kernel_ptx,
         wide_st, scalar_st = _global_ops(declared, "st")
         assert wide_st > 0 and scalar_st < _global_ops(plain, "st")[1], (wide_st, scalar_st)
         assert _global_ops(plain, "st")[0] == 0
+
+
+NARROW_VECTORS = {4: "ld.global.v2.b32", 2: "ld.global.b32"}  # VEC bf16 elements: the one row load width
+
+
+@pytest.mark.parametrize("vec", sorted(NARROW_VECTORS))
+def test_rows_on_8_or_4_byte_boundaries_load_8_or_4_bytes_at_a_time(vec):
+    """Rows of 100 bf16 (200 bytes) start on 8-byte boundaries: row_vec gives VEC 4, and the fused
+    kernels' loads and stores are 8 bytes wide instead of 2; 102 bf16, VEC 2: 4 bytes."""
+    cases = [["fused", name, "bf16", {**const, "VEC": vec}] for (mod, name), (const, _) in ROW_KERNELS.items()
+             if mod == "fused"]
+    for ptx in run_compile_script("kernel_compile.py", json.dumps(cases)):
+        ops = [word for line in ptx.splitlines() for word in line.split() if ".global." in word]
+        loads = {op for op in ops if op.startswith("ld.")}
+        stores = {op for op in ops if op.startswith("st.")}
+        assert loads == {NARROW_VECTORS[vec]}, loads
+        assert stores == {NARROW_VECTORS[vec].replace("ld.", "st.")}, stores

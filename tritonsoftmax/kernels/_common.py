@@ -537,16 +537,20 @@ def row_align(problem: RowProblem, *element_sizes: int) -> int:
 
 
 def row_vec(problem: RowProblem, *element_sizes: int) -> int:
-    """VEC for the kernels that take it: the elements in ALIGN_BYTES of the widest dtype when every row
-    starts on a 16-byte boundary (rows_aligned) and N is a whole number of such vectors, else 1. Triton
-    specialises integer arguments on divisibility by 16 only, so without it rows of, say, 200 fp32
-    elements (800 bytes) are read one element a load. Also 1 where Triton knows it already (N and every
-    row stride multiples of 16), which leaves those launches as they were."""
-    vec = ALIGN_BYTES // max(element_sizes)
-    if vec == 1 or problem.N % vec or not problem.rows_aligned(*element_sizes):
-        return 1
+    """VEC for the kernels that take it: the most elements, a power of two up to ALIGN_BYTES of the widest
+    dtype, that divide N and every row stride (unit-stride columns only), so that each row is whole
+    vectors of VEC elements, each on a boundary of its own width given aligned base pointers: 16-byte
+    loads where rows start on 16-byte boundaries (200 fp32 elements, 136 bf16), 8- or 4-byte loads where
+    they start on 8 or 4 (100 or 102 bf16) instead of one element a load. Triton specialises integer
+    arguments on divisibility by 16 only, so it cannot tell this itself. 1 where it knows already (N and
+    every row stride multiples of 16), which leaves those launches as they were."""
     strides = (problem.x.outer, problem.x.inner, problem.y.outer, problem.y.inner)
-    return 1 if problem.N % 16 == 0 and all(s % 16 == 0 for s in strides) else vec
+    if problem.x.col != 1 or problem.y.col != 1 or (problem.N % 16 == 0 and all(s % 16 == 0 for s in strides)):
+        return 1
+    vec = ALIGN_BYTES // max(element_sizes)
+    while vec > 1 and (problem.N % vec or any(s % vec for s in strides)):
+        vec //= 2
+    return vec
 
 
 class PreparedLaunch:

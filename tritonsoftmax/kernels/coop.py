@@ -310,7 +310,7 @@ def _softmax_coop_fwd_kernel(
     head group and chunk G - 1 the tail group. RESIDENT: 1 when the launch is a CUDA cooperative
     launch (every program resident at once): program ids replace tickets (take_ticket). PER_WORD:
     how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -380,7 +380,7 @@ def _softmax_coop_bwd_kernel(
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
     y and dx in one layout).
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(

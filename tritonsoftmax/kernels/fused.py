@@ -106,10 +106,11 @@ def _softmax_fused_fwd_kernel(
     elements in 16 bytes when rows start off a 16-byte boundary (set by PreparedLaunch from
     _common.row_align): a one-row tile (ROWS == 1) is then read and written as whole aligned
     groups plus its two partial end groups (_common.row_window), so the loads stay 16 bytes wide;
-    several-row tiles keep the plain path. VEC: 1, or the elements in 16 bytes when every row starts on a
-    16-byte boundary and N is a whole number of VEC-element vectors (_common.row_vec); N and the row
-    strides are then rewritten as multiples of VEC (_common.whole_vectors), so the compiler knows it and
-    the loads, stores and masks stay 16 bytes wide for any such N (200 fp32 elements, 136 bf16).
+    several-row tiles keep the plain path. VEC: the most elements, up to 16 bytes, that divide N and every
+    row stride (_common.row_vec; 1 when Triton knows it already); N and the row strides are then
+    rewritten as multiples of VEC (_common.whole_vectors), so the compiler knows it and the loads, stores
+    and masks are VEC elements wide for any such N (16 bytes for 200 fp32 elements or 136 bf16, 8 bytes
+    for 100 bf16).
     """
     pid = tl.program_id(0)
     if VEC > 1:

@@ -50,7 +50,7 @@ def _softmax_online_fwd_kernel(
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
     (see _common.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -83,7 +83,7 @@ def _softmax_online_bwd_kernel(
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
     dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
     in the forward (ALIGN > 1: dy, y and dx share one layout).
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(

@@ -73,7 +73,7 @@ def _softmax_split_stats_kernel(
     the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -111,7 +111,7 @@ def _softmax_split_write_kernel(
     a one-tile chunk (TILES == 1) is loaded before the partials are read (and, with PDL, before
     waiting for pass 1). PDL: launched as a programmatic dependent launch; it waits for pass 1 (and
     its partials) before reading them.
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -152,7 +152,7 @@ def _softmax_split_bwd_partial_kernel(
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest (ALIGN: dy, y and
     dx in one layout; PDL) as in pass 1 of the forward.
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(

@@ -34,7 +34,7 @@ def _softmax_tile_fwd_kernel(
     Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
     keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
     (the first tiles are the ones pass 2 left in cache).
-    VEC: as in the fused kernel (rows of whole 16-byte vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     if VEC > 1:
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
