@@ -377,3 +377,68 @@ def test_fused_one_row_tiles_on_strided_rows(log):
         want = ref(x.double(), dim)
         tol = 1e-5 if x.dtype == torch.float32 else 2e-3
         assert torch.allclose(y.double(), want, atol=tol, rtol=tol), (y.double() - want).abs().max()
+
+
+def test_row_tail_covers_rows_just_past_a_power_of_two_only():
+    from tritonsoftmax.kernels import _common
+
+    assert _common.row_tail(16392, 32768) == 8, "16384 + 8 elements held instead of 32768"
+    assert _common.row_tail(16384 + 512, 32768) == 512, "a tail of 1/64 of the block"
+    assert _common.row_tail(16384 + 513, 32768) == 0, "a tail past 1/64 of the block"
+    assert _common.row_tail(2049, 4096) == 1
+    assert _common.row_tail(1030, 2048) == 8
+    assert _common.row_tail(520, 1024) == 0, "blocks under TAIL_MIN_BLOCK"
+    assert _common.row_tail(16384, 32768) == 0, "the row fits the first half"
+    assert _common.row_tail(16392, 65536) == 0, "a block past next_pow2(N): the row fits its first half"
+
+
+TAIL_CASES = [(torch.float32, 2052, 4), (torch.float16, 2056, 8), (torch.bfloat16, 4104, 8),
+              (torch.float32, 16392, 8), (torch.float16, 16400, 16)]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,tail", TAIL_CASES, ids=[f"{str(d)[6:]}-{n}" for d, n, _ in TAIL_CASES])
+def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded):
+    """Rows held as BLOCK_N // 2 + TAIL elements (row_tail): the row's max in the tail, a row of -inf
+    (zero_masked_rows) and a padded row stride that the tail must not write into; forward and backward."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.config import next_power_of_2
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    config = LaunchConfig.make(4, BLOCK_N=next_power_of_2(N), ROWS=1)
+    cols = N + 8 if padded else N
+    x = random_input((4, cols), dtype, DEVICE, seed=N)[:, :N]
+    x[0, N - 1] = 40.0  # the row's max, in the tail
+    x[2] = float("-inf")
+    out = poisoned_like(random_input((4, cols), dtype, DEVICE))
+    y = out[:, :N]
+    flags = {"LOG": int(log), "ZERO_MASKED": 1}
+    fwd = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device), flags=flags)
+    fwd(x, y, 1.0)
+    assert fwd.flags["TAIL"] == tail and fwd.flags["ALIGN"] == 1
+    want = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
+    want[2] = 0.0  # zero_masked_rows: zeros for softmax and log_softmax alike
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
+    got = y.double()
+    assert torch.equal(got[2], want[2].to(got.device)), "the -inf row"
+    keep = [0, 1, 3]
+    err = (got[keep] - want[keep].to(got.device)).abs() / want[keep].to(got.device).abs().clamp(min=1)
+    assert err.max().item() <= tol, "log_softmax relative to its magnitude (bf16: 0.25 apart at -40)"
+    assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"
+    assert float(y[0, N - 1].double().exp() if log else y[0, N - 1]) > 0.99
+
+    probs = torch.softmax(random_input((4, cols), dtype, DEVICE, seed=1).float(), -1)
+    ys = (probs.log() if log else probs).to(dtype)[:, :N]  # dy's layout, padded or not
+    dy = random_input((4, cols), dtype, DEVICE, seed=2)[:, :N]
+    out = poisoned_like(random_input((4, cols), dtype, DEVICE))
+    dx = out[:, :N]
+    back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
+                                            flags={"LOG": int(log)})
+    assert ys.stride() == dy.stride()
+    back(dy, dx, ys, 1.0)
+    assert back.flags["TAIL"] == tail
+    assert_grad_close(dx, dy, ys, log=log)
+    assert torch.isnan(out[:, N:]).all()

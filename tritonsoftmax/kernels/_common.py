@@ -33,7 +33,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
-from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, save_tuning_enabled
+from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2, save_tuning_enabled
 from ..device import DeviceInfo, device_info, interpreter_active
 from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
 
@@ -553,6 +553,31 @@ def row_vec(problem: RowProblem, *element_sizes: int) -> int:
     return vec
 
 
+# Rows held as half a block plus a small tail (row_tail): blocks of at least TAIL_MIN_BLOCK elements, tails of
+# at most 1/TAIL_MAX_SHARE of the block. H200, kernel time, the same plan with TAIL against TAIL = 0
+# (bench/results/h200/session19-probes/probe82.log): one-row tiles with tails of 4-8 elements gain where the
+# block bounds the programs an SM (forward fp32 4096x16392 3206 -> 4065 GB/s, 16384x8200 +7.6 %, fp16/bf16
+# 65536x1030 +20/25 %, fp16 16384x2056 +19 %; backward fp32 4096x16392 2933 -> 4205, fp16 16384x8200 +48 %) and
+# are level elsewhere (0.98-1.00: fp32 16384x4100, 16384x2056, 65536x1030; fp16 4096x16392 forward 0.965, where
+# auto runs smem). Larger tails lose (backward
+# bf16/fp16 4096x20000, TAIL 4096: -15 to -20 %; 16-bit 16384x300, TAIL 64 of 512, four-row tiles: -18 %), and
+# so do tails on several-row tiles (N 136, 2056: -2 to -4 %), which the kernel therefore ignores.
+TAIL_MIN_BLOCK = 2048
+TAIL_MAX_SHARE = 64
+
+
+def row_tail(N: int, block_n: int) -> int:
+    """TAIL for the kernels that take it (fused): the power of two that, after the first block_n // 2
+    elements, covers the rest of a row of N (N <= block_n // 2 + TAIL), when it is at most
+    block_n // TAIL_MAX_SHARE and block_n at least TAIL_MIN_BLOCK; else 0 (the row held as one block_n
+    block). 16392 elements in a 32768 block: 8 (16384 + 8 elements held)."""
+    half = block_n // 2
+    if block_n < TAIL_MIN_BLOCK or N <= half:
+        return 0
+    tail = next_power_of_2(N - half)
+    return tail if tail <= block_n // TAIL_MAX_SHARE else 0
+
+
 class PreparedLaunch:
     """One family on one RowProblem, ready to start again and again with new tensors.
 
@@ -572,7 +597,7 @@ class PreparedLaunch:
             config = family.heuristic(device, problem.M, problem.N)
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
-        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC): not tuned, not stored
+        self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC, TAIL): not tuned
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
@@ -630,12 +655,15 @@ class PreparedLaunch:
         return compiled
 
     def _set_align(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Kernels with an ALIGN (VEC) parameter get it from row_align (row_vec), once."""
+        """Kernels with an ALIGN (VEC, TAIL) parameter get it from row_align (row_vec, row_tail), once."""
         sizes = (x.element_size(), y.element_size())
         if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
             self.flags["ALIGN"] = row_align(self.problem, *sizes)
         if "VEC" in self.family.kernel.arg_names and "VEC" not in self.flags:
             self.flags["VEC"] = row_vec(self.problem, *sizes)
+        if "TAIL" in self.family.kernel.arg_names and "TAIL" not in self.flags:
+            block_n = self.config["BLOCK_N"] if self.config is not None else next_power_of_2(self.problem.N)
+            self.flags["TAIL"] = row_tail(self.problem.N, block_n)
 
     def _kwargs_grid(self) -> tuple[dict[str, int], tuple]:
         """The config's launch keyword arguments and the grid they give."""

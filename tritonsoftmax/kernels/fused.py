@@ -42,21 +42,37 @@ def _fused_fwd_tile(
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, TAIL: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1 and ALIGN == 1:
         # One row as a 1-D tensor: the same code as a [1, BLOCK_N] tile on triton 3.6 apart from the
         # row mask (tile < M: the grid and the persistent loop never pass M), and only a 1-D
         # reduction can span a CTA cluster (num_ctas) on triton 3.8.
-        cols = tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
-        z = load_scaled(x_row + cols * stride_x_col, mask, scale)
-        m = tl.max(z, axis=0)
-        s = tl.sum(exp(z - m), axis=0)
-        y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
-        tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+        if TAIL == 0:
+            cols = tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
+            z = load_scaled(x_row + cols * stride_x_col, mask, scale)
+            m = tl.max(z, axis=0)
+            s = tl.sum(exp(z - m), axis=0)
+            y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
+            tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            cols = tl.arange(0, BLOCK_N // 2)
+            cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
+            mask, mask_t = cols < N, cols_t < N
+            x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
+            y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
+            z = load_scaled(x_row + cols * stride_x_col, mask, scale)
+            z_t = load_scaled(x_row + cols_t * stride_x_col, mask_t, scale)
+            m = tl.maximum(tl.max(z, axis=0), tl.max(z_t, axis=0))
+            s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_t - m), axis=0)
+            tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(y_row + cols_t * stride_y_col, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
+                     mask=mask_t)
     elif ROWS > 1:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -91,6 +107,7 @@ def _softmax_fused_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
+    TAIL: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -110,7 +127,10 @@ def _softmax_fused_fwd_kernel(
     row stride (_common.row_vec; 1 when Triton knows it already); N and the row strides are then
     rewritten as multiples of VEC (_common.whole_vectors), so the compiler knows it and the loads, stores
     and masks are VEC elements wide for any such N (16 bytes for 200 fp32 elements or 136 bf16, 8 bytes
-    for 100 bf16).
+    for 100 bf16). TAIL: 0, or a power of two with N <= BLOCK_N // 2 + TAIL (_common.row_tail): a one-row
+    tile on the plain path (ROWS == 1, ALIGN == 1) then holds the row as its first BLOCK_N // 2 elements
+    plus a TAIL-element block, so a row just past a power of two (16392 fp32) takes registers for
+    16384 + 8 elements, not 32768; several-row tiles and the realigned path ignore it.
     """
     pid = tl.program_id(0)
     if VEC > 1:
@@ -118,11 +138,11 @@ def _softmax_fused_fwd_kernel(
             N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
+                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN)
+                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -132,6 +152,7 @@ def _softmax_fused_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
+    TAIL: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -139,13 +160,28 @@ def _softmax_fused_bwd_kernel(
     dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
     Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
-    tiles only; dy, y and dx in one layout). VEC: as in the forward.
+    tiles only; dy, y and dx in one layout). VEC, TAIL: as in the forward.
     """
     pid = tl.program_id(0)
     if VEC > 1:
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
             N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
-    if ALIGN == 1 or ROWS > 1:
+    if ROWS == 1 and ALIGN == 1 and TAIL > 0:
+        rows = pid + tl.arange(0, 1)
+        cols = tl.arange(0, BLOCK_N // 2)
+        cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        mask_t = (rows < M)[:, None] & (cols_t < N)[None, :]
+        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
+        g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col)
+        dy, y = load_f32(dy_ptr + g_off, mask), load_f32(y_ptr + g_off, mask)
+        dy_t, y_t = load_f32(dy_ptr + g_off_t, mask_t), load_f32(y_ptr + g_off_t, mask_t)
+        red = (tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1))[:, None]
+        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
+        d_off_t = _tile_offsets(rows, cols_t, INNER, stride_d_outer, stride_d_inner, stride_d_col)
+        tl.store(dx_ptr + d_off, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + d_off_t, grad_input(dy_t, y_t, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask_t)
+    elif ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
