@@ -27,9 +27,9 @@ def test_fused_capacity_follows_register_file():
 @pytest.mark.parametrize("N,forward32,forward16,backward32,backward16", [
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "smem", "fused", "smem"),
-    (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "coop", "fused"),
-    (16392, "fused", "smem", "coop", "fused"), (32768, "fused", "smem", "coop", "fused"),
-    (32769, "coop", "online", "coop", "coop"),
+    (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "fused", "fused"),
+    (16392, "fused", "smem", "fused", "fused"), (16904, "fused", "smem", "coop", "fused"),
+    (32768, "fused", "smem", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
     (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),
@@ -40,6 +40,17 @@ def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
         wide = dtype == torch.float32
         assert dispatch.choose(4096, N, dtype, SM90).impl == (forward32 if wide else forward16)
         assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == (backward32 if wide else backward16)
+
+
+def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
+    """16392 fp32 (backward) is held as 16384 + 8 elements (row_tail), like a 16384 row; a tail over 1/64
+    of the 32768 block, rows off 16 bytes (the realigned path has no tail) and few rows stay with coop."""
+    assert dispatch.choose(4096, 16392, torch.float32, SM90, backward=True).impl == "fused"
+    assert dispatch.choose(4096, 16896, torch.float32, SM90, backward=True).impl == "fused", "a tail of 512"
+    assert dispatch.choose(4096, 16904, torch.float32, SM90, backward=True).impl == "coop", "a tail of 1024"
+    assert dispatch.choose(4096, 16385, torch.float32, SM90, backward=True, aligned=False).impl == "coop"
+    assert dispatch.choose(263, 16392, torch.float32, SM90, backward=True).impl == "coop", "few rows"
+    assert dispatch.choose(264, 16392, torch.float32, SM90, backward=True).impl == "fused"
 
 
 def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
@@ -251,8 +262,11 @@ def test_many_16bit_rows_off_16_bytes_leave_fused_in_the_32k_bucket(N, fp32, bf1
     assert dispatch.choose(4096, N, torch.float16, SM90, aligned=False).impl == bf16
     aligned_fwd = dispatch.choose(4096, N, torch.float32, SM90).impl
     assert aligned_fwd == ("fused" if N <= 32768 else "coop"), "aligned rows keep the fused rule"
-    assert (dispatch.choose(4096, N, torch.float32, SM90, True, aligned=False).impl
-            == dispatch.choose(4096, N, torch.float32, SM90, True).impl), "the backward keeps its rules"
+    backward_off = dispatch.choose(4096, N, torch.float32, SM90, True, aligned=False).impl
+    backward_on = dispatch.choose(4096, N, torch.float32, SM90, True).impl
+    tail = dispatch.fused_held(dispatch.Shape(4096, N, torch.float32, SM90, True)) < next_power_of_2(N)
+    assert backward_off == backward_on or (tail and backward_on == "fused"), (
+        "the backward keeps its rules, but for aligned rows held with a tail (16385 on padded rows)")
     assert dispatch.choose(4096, N, torch.float32, GFX942, aligned=False).impl == dispatch.choose(
         4096, N, torch.float32, GFX942).impl, "measured on the H200 only"
 

@@ -168,6 +168,18 @@ def few_rows(s: Shape) -> bool:
     return s.M < FEW_ROWS_PER_SM * s.device.sm_count
 
 
+def fused_held(s: Shape) -> int:
+    """The elements a one-row fused tile holds for these rows (less its small tail): half the block when
+    the kernel holds the row as half a block plus a tail (kernels/_common.row_tail; rows on 16-byte
+    boundaries, which the realigned path, ignoring TAIL, does not take), else the whole block. H200, kernel
+    time: fp32 4096x16392 backward, held as 16384 + 8, fused 4205 GB/s against coop's 4039
+    (session19-probes/probe82.log), 4241 against 4041 in the 'even' sweep (sweep-even-bwd-kernel-s19b)."""
+    from .kernels._common import row_tail
+
+    block = next_power_of_2(s.N)
+    return block // 2 if s.aligned and row_tail(s.N, block) else block
+
+
 def coop_single_read(s: Shape) -> bool:
     """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM (counted on
     the N bucket, which its configs are sized on)."""
@@ -272,6 +284,9 @@ RULES: tuple[Rule, ...] = (
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, FUSED_MANY_ROWS_PROGRAMS_PER_SM)),
+    Rule("fused", "many rows just past a power of two that fits in registers, held as half the block plus a "
+         "small tail (TAIL; it adds the fp32 backward of 16K-16.5K rows)",
+         lambda s: s.device.backend == "cuda" and not few_rows(s) and fused_held(s) <= fused_capacity(s.device)),
     Rule("coop", "few 16-bit rows of at most one chunk an SM (backward) with a tuned coop-bwd config: its wide "
          "programs exchange with fewer programs than smem-bwd", coop_tuned_16bit_backward),
     Rule("smem", "long rows (backward; fp32 from 512K, unless coop holds all and reads once): dy and y "
