@@ -396,12 +396,14 @@ TAIL_CASES = [(torch.float32, 2052, 4), (torch.float16, 2056, 8), (torch.bfloat1
               (torch.float32, 16392, 8), (torch.float16, 16400, 16)]
 
 
+@pytest.mark.parametrize("stages", [1, 2], ids=["one-tile", "persistent"])
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
 @pytest.mark.parametrize("dtype,N,tail", TAIL_CASES, ids=[f"{str(d)[6:]}-{n}" for d, n, _ in TAIL_CASES])
-def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded):
+def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded, stages):
     """Rows held as BLOCK_N // 2 + TAIL elements (row_tail): the row's max in the tail, a row of -inf
-    (zero_masked_rows) and a padded row stride that the tail must not write into; forward and backward."""
+    (zero_masked_rows) and a padded row stride that the tail must not write into; forward (one tile a
+    program, or persistent programs, one an SM, looping over twice as many rows) and backward."""
     from softmax_ref import assert_grad_close
 
     from tritonsoftmax.config import next_power_of_2
@@ -409,14 +411,17 @@ def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded):
     from tritonsoftmax.layout import matrix_problem
 
     config = LaunchConfig.make(4, BLOCK_N=next_power_of_2(N), ROWS=1)
+    forward_config = config if stages == 1 else LaunchConfig.make(4, BLOCK_N=next_power_of_2(N), ROWS=1,
+                                                                  STAGES=stages, PER_SM=1)
     cols = N + 8 if padded else N
-    x = random_input((4, cols), dtype, DEVICE, seed=N)[:, :N]
+    rows = 4 if stages == 1 else 2 * device_info(torch.device(DEVICE)).sm_count + 1  # PER_SM 1: programs loop
+    x = random_input((rows, cols), dtype, DEVICE, seed=N)[:, :N]
     x[0, N - 1] = 40.0  # the row's max, in the tail
     x[2] = float("-inf")
-    out = poisoned_like(random_input((4, cols), dtype, DEVICE))
+    out = poisoned_like(random_input((rows, cols), dtype, DEVICE))
     y = out[:, :N]
     flags = {"LOG": int(log), "ZERO_MASKED": 1}
-    fwd = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device), flags=flags)
+    fwd = family("fused").prepare(matrix_problem(x, y), forward_config, device_info(x.device), flags=flags)
     fwd(x, y, 1.0)
     assert fwd.flags["TAIL"] == tail and fwd.flags["ALIGN"] == 1
     want = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
@@ -424,7 +429,7 @@ def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded):
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
     got = y.double()
     assert torch.equal(got[2], want[2].to(got.device)), "the -inf row"
-    keep = [0, 1, 3]
+    keep = [r for r in range(rows) if r != 2]
     err = (got[keep] - want[keep].to(got.device)).abs() / want[keep].to(got.device).abs().clamp(min=1)
     assert err.max().item() <= tol, "log_softmax relative to its magnitude (bf16: 0.25 apart at -40)"
     assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"

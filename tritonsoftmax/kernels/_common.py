@@ -556,12 +556,12 @@ def row_vec(problem: RowProblem, *element_sizes: int) -> int:
 # Rows held as half a block plus a small tail (row_tail): blocks of at least TAIL_MIN_BLOCK elements, tails of
 # at most 1/TAIL_MAX_SHARE of the block. H200, kernel time, the same plan with TAIL against TAIL = 0
 # (bench/results/h200/session19-probes/probe82.log): one-row tiles with tails of 4-8 elements gain where the
-# block bounds the programs an SM (forward fp32 4096x16392 3206 -> 4065 GB/s, 16384x8200 +7.6 %, fp16/bf16
-# 65536x1030 +20/25 %, fp16 16384x2056 +19 %; backward fp32 4096x16392 2933 -> 4205, fp16 16384x8200 +48 %) and
-# are level elsewhere (0.98-1.00: fp32 16384x4100, 16384x2056, 65536x1030; fp16 4096x16392 forward 0.965, where
-# auto runs smem). Larger tails lose (backward
-# bf16/fp16 4096x20000, TAIL 4096: -15 to -20 %; 16-bit 16384x300, TAIL 64 of 512, four-row tiles: -18 %), and
-# so do tails on several-row tiles (N 136, 2056: -2 to -4 %), which the kernel therefore ignores.
+# block bounds the programs an SM (forward fp32 4096x16392 3206 -> 4065 GB/s, 16384x8200 +7.6 %, bf16/fp16
+# 65536x1030 +25/+20 %, fp16 16384x2056 +19 %; backward fp32 4096x16392 2933 -> 4205, fp16 16384x8200 +48 %)
+# and are level elsewhere (0.98-1.00: fp32 16384x4100, 16384x2056, 65536x1030; fp16 4096x16392 forward
+# 0.965, where auto runs smem). Tails of 4096-8192 lose in the 16-bit backward (4096x20000: -15 to -20 %),
+# the 64-element tail of N 300 on four-row tiles loses 12-18 % (16-bit), and tails on several-row tiles
+# are mixed (N 136, 2056: 16-bit -2 to -4 %, fp32 +10 %), so the kernels use TAIL on one-row tiles only.
 TAIL_MIN_BLOCK = 2048
 TAIL_MAX_SHARE = 64
 
