@@ -16,6 +16,7 @@ from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
+from .kernels._common import row_tail
 from .layout import whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
@@ -174,8 +175,6 @@ def fused_held(s: Shape) -> int:
     boundaries, which the realigned path, ignoring TAIL, does not take), else the whole block. H200, kernel
     time: fp32 4096x16392 backward, held as 16384 + 8, fused 4205 GB/s against coop's 4039
     (session19-probes/probe82.log), 4241 against 4041 in the 'even' sweep (sweep-even-bwd-kernel-s19b)."""
-    from .kernels._common import row_tail
-
     block = next_power_of_2(s.N)
     return block // 2 if s.aligned and row_tail(s.N, block) else block
 

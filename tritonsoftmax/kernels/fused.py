@@ -37,6 +37,20 @@ def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col):
 
 
 @triton.jit
+def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, scale, LOG: tl.constexpr,
+                       ZERO_MASKED: tl.constexpr):
+    """Softmax of one row held as two 1-D pieces (a realigned row's body and end groups; a row's first
+    half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
+    output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes."""
+    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
+    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
+    m = tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0))
+    s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
+    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
+    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+
+
+@triton.jit
 def _fused_fwd_tile(
     x_ptr, y_ptr, tile, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
@@ -65,14 +79,8 @@ def _fused_fwd_tile(
             mask, mask_t = cols < N, cols_t < N
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
-            z = load_scaled(x_row + cols * stride_x_col, mask, scale)
-            z_t = load_scaled(x_row + cols_t * stride_x_col, mask_t, scale)
-            m = tl.maximum(tl.max(z, axis=0), tl.max(z_t, axis=0))
-            s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_t - m), axis=0)
-            tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
-                     mask=mask)
-            tl.store(y_row + cols_t * stride_y_col, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
-                     mask=mask_t)
+            _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
+                               cols_t * stride_y_col, mask, mask_t, scale, LOG, ZERO_MASKED)
     elif ROWS > 1:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -91,12 +99,7 @@ def _fused_fwd_tile(
         # program of 16384 16-bit elements at 32 registers a thread (44 as [1]-tensors, sm_90).
         base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N,
                                                          BLOCK_N, ALIGN)
-        z = load_scaled(x_ptr + base + pos, mask, scale)
-        z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
-        m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
-        s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_e - m), axis=0)
-        tl.store(y_ptr + base + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_ptr + base + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
+        _softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

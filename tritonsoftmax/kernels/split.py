@@ -182,7 +182,7 @@ def _softmax_split_bwd_write_kernel(
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
     one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2; VEC as in the
-    fused kernel (rows of whole 16-byte vectors, _common.row_vec)."""
+    fused kernel (rows of whole VEC-element vectors, _common.row_vec)."""
     if VEC > 1:
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
             N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
