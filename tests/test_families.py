@@ -84,6 +84,28 @@ def test_fused_pipelined_configs_only_for_long_rows_and_many_rows():
     assert not pipelined(4096, 8192) and not pipelined(SM90.sm_count, 32768)
     plain = [c for c in fused.FAMILY.configs(SM90, 4096, 16384) if dict(c.meta).get("STAGES", 1) == 1]
     assert 32 in {c.num_warps for c in plain}  # 16 elements a thread (bf16 backward: 3909 vs 3087 GB/s at 16)
+    # Many short rows of 256- and 512-element blocks: four-row tiles, two stages.
+    for N in (200, 256, 300, 512):
+        short = pipelined(16384, N)
+        assert {(c.num_warps, c["PER_SM"]) for c in short} == set(fused.SHORT_PIPELINED), N
+        assert all(c["ROWS"] == 4 and c["STAGES"] == 2 for c in short)
+    assert not pipelined(SM90.sm_count, 300) and not pipelined(16384, 100) and not pipelined(16384, 1000)
+    assert not [c for c in fused.BWD_FAMILY.configs(SM90, 16384, 300) if dict(c.meta).get("STAGES", 1) > 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("N", [300, 256])
+def test_fused_short_pipelined_configs_loop_over_more_tiles_than_programs(N, dtype):
+    info = device_info(torch.device(DEVICE))
+    M = 4 * 32 * info.sm_count + 7  # more four-row tiles than 32 programs an SM, the last tile partial
+    x = random_input((M, N), dtype, DEVICE, seed=N)
+    short = [c for c in fused.FAMILY.configs(info, M, N) if dict(c.meta).get("STAGES", 1) == 2]
+    assert len(short) == len(fused.SHORT_PIPELINED)
+    for config in short:
+        assert fused.FAMILY.grid(M, N, dict(config.meta), info)[0] < (M + 3) // 4
+        y = poisoned_like(x)
+        assert fused.launch(x, y, config) == config
+        assert_softmax_close(y, x)
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])

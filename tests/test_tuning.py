@@ -251,6 +251,38 @@ def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):
     assert bad.returncode == 2 and "--n" in bad.stderr
 
 
+def test_one_entry_for_several_lengths_in_a_bucket_is_the_config_least_behind_at_its_worst():
+    from tritonsoftmax.tune import choose_across_lengths
+
+    # "a" is fastest at 512 only; "b" is never fastest but never more than 4 % behind; "c" did not run at 300.
+    timings = {(300, 16): {"a": 12.0, "b": 9.3, "c": 1.0}, (400, 16): {"a": 11.0, "b": 9.6},
+               (512, 16): {"a": 10.0, "b": 10.4}}
+    timings[(300, 16)].pop("c")
+    timings[(300, 16)]["d"] = 9.0
+    assert choose_across_lengths(timings) == ("b", pytest.approx(1.04))
+    assert choose_across_lengths({(512, 4): {"a": 2.0, "b": 1.0}}) == ("b", 1.0)
+    assert choose_across_lengths({(300, 4): {"a": 1.0}, (400, 4): {"b": 1.0}}) == (None, None)
+    tie = {(300, 4): {"a": 1.0, "b": 1.0}, (400, 4): {"a": 1.1, "b": 1.0}, (512, 4): {"a": 1.1, "b": 1.1}}
+    assert choose_across_lengths(tie)[0] == "b"  # same worst share (1.1): the least summed share wins
+
+
+def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path):
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
+                          "--n", "300", "400", "--m", "4", "--rep-ms", "5", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "2 shapes (1 entry)" in run.stdout and "bucket 512: " in run.stdout, run.stdout
+    assert "over N 300/400" in run.stdout, run.stdout
+    (table,) = out.rglob("*.yaml")
+    data = yaml.safe_load(table.read_text())
+    assert set(data["entries"]["fused"]["float32"]) == {512}
+    assert set(data["entries"]["fused"]["float32"][512]) == {4}
+    (covers,) = data["header"]["covers"]
+    assert "N 300/400" in covers and "recorded" not in covers, covers
+
+
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
     out = tmp_path / "tuned"
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}

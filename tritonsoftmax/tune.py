@@ -9,6 +9,8 @@ and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` l
     python -m tritonsoftmax.tune --families coop --n 152064 --m 32  # one exact shape (stored under its bucket)
     python -m tritonsoftmax.tune --repo                          # write the checkout's tune_cache/ (to contribute)
     python -m tritonsoftmax.tune --n 131072 --m 1 8 --timer kernel  # few short launches: rank by kernel time
+    python -m tritonsoftmax.tune --families fused --n 300 400 512 --m 16384  # one entry for bucket 512,
+                                                                  # chosen across the three lengths
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
 ``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
@@ -41,7 +43,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, nargs="+",
                     help="tune at these exact row lengths instead of the bucket tops of --n-min..--n-max; each "
                          "entry is stored under its N bucket (for shapes where a bucket's top does not stand for "
-                         "it, e.g. coop with few rows: 32x152064 against 32x262144)")
+                         "it, e.g. coop with few rows: 32x152064 against 32x262144). Several lengths in one "
+                         "bucket give one entry: the config whose worst time, as a share of the best config's "
+                         "at each length, is least")
     ap.add_argument("--m", type=int, nargs="+", default=[4096],
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
@@ -110,6 +114,21 @@ def _timer(rep_ms: float, kind: str = "events"):
     return lambda fn: triton.testing.do_bench(fn, warmup=5, rep=rep_ms, return_mode="median")
 
 
+def choose_across_lengths(timings_by_n: dict) -> tuple:
+    """The config for one entry from its timings at one or several lengths ({shape: {config: ms}}): the
+    one whose worst time, as a share of the best config's at each length, is least (ties: the least
+    summed share). Only configs that ran at every length count. Returns (config, that worst share),
+    or (None, None) when no config ran at every length."""
+    tables = list(timings_by_n.values())
+    common = [c for c in tables[0] if all(c in t for t in tables[1:])]
+    if not common:
+        return None, None
+    best = [min(t.values()) for t in tables]
+    shares = {c: [t[c] / b for t, b in zip(tables, best, strict=True)] for c in common}
+    chosen = min(common, key=lambda c: (max(shares[c]), sum(shares[c])))
+    return chosen, max(shares[chosen])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from . import dispatch, tuning
@@ -144,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
                                                    if n_bucket(args.n_min) <= b <= args.n_max]
-    jobs = []
+    groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, m) -> [(N, M)]
     for dname in args.dtypes:
         for N in lengths:
             for m in args.m:
@@ -152,49 +171,70 @@ def main(argv: list[str] | None = None) -> int:
                 auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward).impl
                 names = [auto] if "auto" in args.families else []
                 names += [f for f in args.families if f != "auto" and f not in names]
-                jobs += [(f, dname, N, M) for f in names if not (f == "fused" and N > 65536)]
-    jobs = list(dict.fromkeys(jobs))
+                for f in names:
+                    if not (f == "fused" and N > 65536):
+                        shapes = groups.setdefault((f, dname, n_bucket(N), m), [])
+                        if (N, M) not in shapes:
+                            shapes.append((N, M))
+    n_shapes = sum(map(len, groups.values()))
     covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
               f"N {'/'.join(map(str, lengths)) if args.n else f'{lengths[0]}..{lengths[-1]}'}; "
               f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})"
               f"{'; kernel time' if args.timer == 'kernel' else ''}")
-    print(f"tuning {len(jobs)} shapes on {info.name} ({info.backend}/{info.arch}) -> "
+    entries = f"{len(groups)} {'entry' if len(groups) == 1 else 'entries'}"
+    print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
 
     start = time.time()
-    recorded, written_covers = 0, ""
+    recorded, done, written_covers = 0, 0, ""
     gen = torch.Generator().manual_seed(0)
-    for i, (fname, dname, N, M) in enumerate(jobs, 1):
+    for (fname, dname, _, _), shapes in groups.items():
         dtype = DTYPES[dname]
         fam = backward_family(fname) if args.backward else family(fname)
-        work = _Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
-        timings = {}
-        for config in fam.configs(info, M, N):
-            try:
-                launch = fam.prepare(work.problem, config, info, flags=work.flags)
-                timings[config] = timer(lambda launch=launch, work=work: work.run(launch))
-            except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
-                print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
-        if not timings:
-            print(f"[{i}/{len(jobs)}] {fam.name} {dname} N={N} M={M}: no config ran", flush=True)
+        timings_by_n, checked = {}, {}
+        for N, M in shapes:
+            done += 1
+            work = _Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
+            timings = {}
+            for config in fam.configs(info, M, N):
+                try:
+                    launch = fam.prepare(work.problem, config, info, flags=work.flags)
+                    timings[config] = timer(lambda launch=launch, work=work: work.run(launch))
+                except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
+                    print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+            if not timings:
+                print(f"[{done}/{n_shapes}] {fam.name} {dname} N={N} M={M}: no config ran", flush=True)
+                continue
+            best = min(timings, key=timings.get)
+            ms = timings[best]
+            print(f"[{done}/{n_shapes}] {fam.name:10} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best "
+                  f"{best}  {ms * 1e3:9.1f} us {work.nbytes / ms / 1e6:7.0f} GB/s  ({time.time() - start:.0f} s)",
+                  flush=True)
+            timings_by_n[(N, M)] = timings
+            checked[(N, M)] = lambda config, work=work, fam=fam: work.error(
+                fam.prepare(work.problem, config, info, flags=work.flags))
+        if not timings_by_n:
             continue
-        best = min(timings, key=timings.get)
-        err = work.error(fam.prepare(work.problem, best, info, flags=work.flags))
-        if not err <= 1e-2:
-            print(f"[{i}/{len(jobs)}] {fam.name} {dname} N={N} M={M}: best config gave error {err}; not recorded")
+        chosen, worst = choose_across_lengths(timings_by_n)
+        if chosen is None:
+            print(f"    {fam.name} {dname}: no config ran at every length of {shapes}; not recorded", flush=True)
             continue
-        ms = timings[best]
-        gbs = work.nbytes / ms / 1e6
-        print(f"[{i}/{len(jobs)}] {fam.name:10} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best {best}  "
-              f"{ms * 1e3:9.1f} us {gbs:7.0f} GB/s  ({time.time() - start:.0f} s)", flush=True)
-        del work
-        # Written after every shape: a run cut short keeps all it measured (session 16's, written every
-        # 8 shapes, lost two finished ones to its timeout). A write costs far less than a shape's tuning.
-        # The covers line says how many shapes are in, so a run cut short (or with a shape that found no
-        # config) does not claim the shapes it missed; it becomes the plain line once every shape is.
+        if len(timings_by_n) > 1:
+            print(f"    bucket {n_bucket(shapes[0][0])}: {chosen}, at worst {worst:.3f}x the best config's time "
+                  f"over N {'/'.join(str(n) for n, _ in timings_by_n)}", flush=True)
+        errors = {shape: check(chosen) for shape, check in checked.items()}
+        if not all(e <= 1e-2 for e in errors.values()):
+            print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
+            continue
+        # Written after every entry: a run cut short keeps all it measured (session 16's, written every
+        # 8 shapes, lost two finished ones to its timeout). A write costs far less than an entry's tuning.
+        # The covers line says how many entries are in, so a run cut short (or with an entry that found no
+        # config) does not claim what it missed; it becomes the plain line once every entry is.
         recorded += 1
-        progress = covers if recorded == len(jobs) else f"{covers} [{recorded} of {len(jobs)} shapes recorded]"
-        tuning.record(root, info, [(fam.name, dtype, N, M, best, ms)], progress, args.timer, written_covers)
+        N, M = max(timings_by_n)  # the entry's time: the longest length's
+        progress = covers if recorded == len(groups) else f"{covers} [{recorded} of {len(groups)} entries recorded]"
+        tuning.record(root, info, [(fam.name, dtype, N, M, chosen, timings_by_n[(N, M)][chosen])], progress,
+                      args.timer, written_covers)
         written_covers = progress
     print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
     return 0

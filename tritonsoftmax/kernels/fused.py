@@ -28,6 +28,11 @@ MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
 PIPELINED_MIN_N = 16384  # rows at least this long also get the persistent pipelined configs
 PIPELINED_STAGES = 3  # H200 bf16 4096x32768: 3 stages 3554 GB/s, 2 stages 2527, none 3097 (bench/NOTES.md)
+# Short rows (blocks of 256 and 512) on many rows also get these four-row pipelined configs, (warps, programs
+# an SM), two stages: H200, fp32 16384x256 1 warp 9.34 us against the best plain config's 9.69, bf16
+# 16384x512 10.07 against 10.36 (bench/NOTES.md, session 20, probe 83).
+SHORT_PIPELINED = ((1, 32), (4, 16))
+SHORT_PIPELINED_BLOCKS = (256, 512)
 
 
 @triton.jit
@@ -211,7 +216,8 @@ def _softmax_fused_bwd_kernel(
 def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
              max_per_thread: int = 32) -> list[LaunchConfig]:
     """One or several rows a program over the warp counts (8 to ``max_per_thread`` values a thread);
-    with ``pipelined`` (the forward kernel only) also the persistent pipelined configs for long rows."""
+    with ``pipelined`` (the forward kernel only) also the persistent pipelined configs for long rows
+    and for many short rows."""
     block_n = next_power_of_2(N)
     # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
     rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
@@ -225,6 +231,9 @@ def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
         for nw in _common.warp_choices(device, block_n, max_warps=32):
             if nw >= 16:
                 out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=1, STAGES=PIPELINED_STAGES, PER_SM=1))
+    if pipelined and block_n in SHORT_PIPELINED_BLOCKS and M > device.sm_count:
+        out += [LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=4, STAGES=2, PER_SM=per_sm)
+                for nw, per_sm in SHORT_PIPELINED]
     return _common.with_backend_options(device, out)
 
 
