@@ -28,7 +28,7 @@ def test_fused_capacity_follows_register_file():
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "smem", "fused", "smem"),
     (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "fused", "fused"),
-    (16392, "fused", "smem", "fused", "fused"), (16904, "fused", "smem", "coop", "fused"),
+    (16392, "fused", "fused", "fused", "fused"), (16904, "fused", "smem", "coop", "fused"),
     (32768, "fused", "smem", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
@@ -51,6 +51,49 @@ def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
     assert dispatch.choose(4096, 16385, torch.float32, SM90, backward=True, aligned=False).impl == "coop"
     assert dispatch.choose(263, 16392, torch.float32, SM90, backward=True).impl == "coop", "few rows"
     assert dispatch.choose(264, 16392, torch.float32, SM90, backward=True).impl == "fused"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
+    """Many aligned rows just past a power of two (row_tail) run fused with one row a program and warps for
+    32 values a thread of the held half, not the bucket's entry; 16-bit forward rows of 16392 leave smem."""
+
+    def held(M, N, backward=False, aligned=True, device=SM90):
+        return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
+
+    for N, warps in ((16392, 16), (16896, 16), (8200, 8), (4104, 4)):
+        for backward in (False, True):
+            c = held(4096, N, backward)
+            assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
+            if N != 8200 or dtype == torch.float32:  # 16-bit 8200: smem's one chunk (not measured against)
+                assert dispatch.choose(4096, N, dtype, SM90, backward).impl == "fused", (N, backward)
+    for M, N, aligned, why in ((4096, 16384, True, "fills its block"), (4096, 16904, True, "a tail of 1024"),
+                               (4096, 16392, False, "realigned rows take no tail"), (263, 16392, True, "few rows"),
+                               (4096, 32776, True, "held half beyond fused_capacity"),
+                               (4096, 2056, True, "held 2048: not measured")):
+        assert held(M, N, aligned=aligned) is None, why
+    assert held(4096, 16392, device=GFX942) is None, "measured on the H200 only"
+    if dtype != torch.float32:
+        assert dispatch.choose(4096, 16904, dtype, SM90).impl == "smem", "no tail: smem's one chunk"
+        assert dispatch.choose(4096, 16392, dtype, SM90, aligned=False).impl == "online"
+
+
+def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):
+    """On an H200 (the shipped sm_90 table), bf16 4096x16392 runs fused with 16 warps, one row a program, though
+    the 32K bucket's entry is a pipelined 32-warp config; a row that fills its block keeps the entry."""
+    monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
+    dispatch.clear_cache()
+    try:
+        dev = torch.device("cpu")
+        p = dispatch.plan("auto", 4096, 16392, torch.bfloat16, torch.bfloat16, dev)
+        assert (p.impl, p.config, p.from_store) == ("fused", LaunchConfig.make(16, BLOCK_N=32768, ROWS=1), True)
+        full = dispatch.plan("fused", 4096, 32768, torch.bfloat16, torch.bfloat16, dev)
+        entry = dispatch.stored(SM90, fused.FAMILY, torch.bfloat16, 32768, 4096)
+        assert entry is not None and full.config == entry.config != p.config
+        off = dispatch.plan("fused", 4096, 16392, torch.bfloat16, torch.bfloat16, dev, aligned=False)
+        assert off.config == entry.config, "realigned rows hold the whole block"
+    finally:
+        dispatch.clear_cache()
 
 
 def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():

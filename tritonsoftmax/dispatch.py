@@ -16,7 +16,7 @@ from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
-from .kernels._common import row_tail
+from .kernels._common import heuristic_warps, row_tail
 from .layout import whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
@@ -131,6 +131,20 @@ SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 
+# Many rows that the fused kernel holds as half a block plus a small tail (fused_held) run a one-row
+# plain fused config with warps for HELD_VALUES_PER_THREAD values a thread of the held half, whatever
+# the tuning table holds for the bucket (its entries were tuned on rows that fill the block). 16-bit
+# forward rows of the 32K bucket so held leave smem's one-chunk rule: smem sizes its chunk on the N
+# bucket (32K for 16392). Those of the 16K bucket (8200) stay with smem: not measured against it.
+# H200, kernel time, GB/s (session20-probes/probe84.log, one process): bf16 4096x16392 forward fused
+# 16 warps 3681 against smem 2494 and the bucket's pipelined entry 2255 (fp16 3646 / 2288 / 2207);
+# fp32 16384x8200 forward 8 warps 4089 against the entry's 32 warps 4004; fp16 16384x4104 4 warps
+# 4042 against 4025; backward level (bf16 16384x4104 4220 / 4220, fp32 4096x16392 16 warps 4258
+# against 4214). The one loss: fp32 4096x16392 forward 4026 against 4048 (-0.5 %).
+# Blocks of 8192 and up (held 4096 + tail): smaller held rows were not measured with this config.
+HELD_VALUES_PER_THREAD = 32
+HELD_MIN_BLOCK = 8192
+
 # Few 16-bit rows of at most COOP_BWD_16BIT_CHUNKS_PER_SM x COOP_CHUNK elements an SM (backward) run
 # coop's backward rather than smem's when coop-bwd has a tuned config for the shape: its tuned configs
 # (one wide program an SM or fewer, 32-64 values a thread) exchange with fewer programs than smem-bwd.
@@ -177,6 +191,19 @@ def fused_held(s: Shape) -> int:
     (session19-probes/probe82.log), 4241 against 4041 in the 'even' sweep (sweep-even-bwd-kernel-s19b)."""
     block = next_power_of_2(s.N)
     return block // 2 if s.aligned and row_tail(s.N, block) else block
+
+
+def held_row_config(s: Shape) -> LaunchConfig | None:
+    """For many rows (CUDA) that the fused kernel holds as half a block (of HELD_MIN_BLOCK or more) plus a
+    small tail (fused_held below the block, within fused_capacity): a one-row plain fused config with
+    warps for HELD_VALUES_PER_THREAD values a thread of the held half. Else None."""
+    block = next_power_of_2(s.N)
+    held = fused_held(s)
+    if (s.device.backend != "cuda" or few_rows(s) or block < HELD_MIN_BLOCK or held == block
+            or held > fused_capacity(s.device)):
+        return None
+    nw = heuristic_warps(s.device, held, per_thread=HELD_VALUES_PER_THREAD, max_warps=32)
+    return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1)
 
 
 def coop_single_read(s: Shape) -> bool:
@@ -227,6 +254,8 @@ def smem_one_chunk_rows(s: Shape) -> bool:
     top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
     if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
         return False  # forward 16K-bucket rows, too few of them: fused
+    if not s.backward and n_bucket(s.N) > 16384 and held_row_config(s) is not None:
+        return False  # 32K-bucket rows fused holds as 16K plus a small tail: fused (HELD_VALUES_PER_THREAD)
     return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
 
 
@@ -325,7 +354,9 @@ def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: boo
 
 @dataclass(frozen=True)
 class Plan:
-    """A decided launch: the family and either a config from the tuning store or None (autotune)."""
+    """A decided launch: the family and either the dispatcher's config (``from_store``: the tuning
+    store's, or held_row_config's for fused rows held with a tail; a launch that fails with it
+    autotunes instead) or None (autotune)."""
 
     impl: str
     family: object
@@ -359,8 +390,10 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        entry = stored(info, fam, dtype, N, M)
-        p = Plan(name, fam, entry.config if entry else None, info, entry is not None)
+        held = held_row_config(Shape(M, N, dtype, info, backward, aligned)) if name == "fused" else None
+        entry = None if held else stored(info, fam, dtype, N, M)
+        config = held or (entry.config if entry else None)
+        p = Plan(name, fam, config, info, config is not None)
         _plans[key] = p
     return p
 
