@@ -134,13 +134,15 @@ SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 # Many rows that the fused kernel holds as half a block plus a small tail (fused_held) run a one-row
 # plain fused config with warps for HELD_VALUES_PER_THREAD values a thread of the held half, whatever
 # the tuning table holds for the bucket (its entries were tuned on rows that fill the block). 16-bit
-# forward rows of the 32K bucket so held leave smem's one-chunk rule: smem sizes its chunk on the N
-# bucket (32K for 16392). Those of the 16K bucket (8200) stay with smem: not measured against it.
+# rows so held leave smem's one-chunk rule: smem sizes its chunk on the N bucket (32K for 16392).
 # H200, kernel time, GB/s (session20-probes/probe84.log, one process): bf16 4096x16392 forward fused
 # 16 warps 3681 against smem 2494 and the bucket's pipelined entry 2255 (fp16 3646 / 2288 / 2207);
 # fp32 16384x8200 forward 8 warps 4089 against the entry's 32 warps 4004; fp16 16384x4104 4 warps
 # 4042 against 4025; backward level (bf16 16384x4104 4220 / 4220, fp32 4096x16392 16 warps 4258
-# against 4214). The one loss: fp32 4096x16392 forward 4026 against 4048 (-0.5 %).
+# against 4214). The one loss: fp32 4096x16392 forward 4026 against 4048 (-0.5 %). Against smem
+# (probe85.log): bf16 4096x8200 forward 3824 against 2430, 16384x8200 4133 / 2624, backward 4021 / 3486
+# and 4303 / 3814 (fp16 alike); 4096x16896 (tail 512) 3668 / 2609. 16904 (no tail) stays with smem:
+# fused's whole 32K block ran 2021 against smem's 2565.
 # Blocks of 8192 and up (held 4096 + tail): smaller held rows were not measured with this config.
 HELD_VALUES_PER_THREAD = 32
 HELD_MIN_BLOCK = 8192
@@ -254,8 +256,8 @@ def smem_one_chunk_rows(s: Shape) -> bool:
     top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
     if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
         return False  # forward 16K-bucket rows, too few of them: fused
-    if not s.backward and n_bucket(s.N) > 16384 and held_row_config(s) is not None:
-        return False  # 32K-bucket rows fused holds as 16K plus a small tail: fused (HELD_VALUES_PER_THREAD)
+    if held_row_config(s) is not None:
+        return False  # rows fused holds as half a block plus a small tail: fused (HELD_VALUES_PER_THREAD)
     return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
 
 
