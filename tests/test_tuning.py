@@ -74,6 +74,26 @@ def test_hand_edited_covers_line_stays_text(user_table):
     assert covers == ["coop; N 262144; M 32: entries removed", "first", "second"]
 
 
+def test_an_entry_under_a_length_below_its_bucket_serves_the_rows_up_to_it(user_table):
+    short, top, few = (LaunchConfig.make(w, BLOCK_N=8192, ROWS=1) for w in (8, 16, 4))
+    tuning.record(user_table, SM90, [("fused", torch.bfloat16, 6144, 4096, short, 0.03)], up_to_n=True)
+    doc = yaml.safe_load((user_table / "cuda" / "sm_90.yaml").read_text())
+    assert set(doc["entries"]["fused"]["bfloat16"]) == {6144}
+
+    def got(N, M=4096):
+        hit = tuning.lookup(SM90, "fused", torch.bfloat16, N, M)
+        return hit and hit.config
+
+    assert got(4097) == got(8192) == short, "the bucket's only key serves all of it"
+    assert got(4096) is None, "another bucket"
+    tuning.record(user_table, SM90, [("fused", torch.bfloat16, 8192, 4096, top, 0.04),
+                                     ("fused", torch.bfloat16, 8192, 16, few, 0.01)])
+    assert got(4097) == got(6144) == short and got(6145) == got(8192) == top
+    assert got(5000, M=16) == few, "no usable M under 6144: the next key's"
+    assert tuning.n_keys([6144, 8192, 4096, 16384, 5000, "7000", True], 5500) == [6144, 8192, 5000]
+    assert tuning.n_keys([8192], 5000) == [8192] and tuning.n_keys([], 5000) == []
+
+
 def test_nearest_m_bucket_wins(user_table):
     small = LaunchConfig.make(2, BLOCK_N=2048, ROWS=1)
     tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4, small, 0.01),
@@ -266,21 +286,29 @@ def test_one_entry_for_several_lengths_in_a_bucket_is_the_config_least_behind_at
     assert choose_across_lengths(tie)[0] == "b"  # same worst share (1.1): the least summed share wins
 
 
-def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path):
+@pytest.mark.parametrize("up_to", [False, True], ids=["bucket", "up-to"])
+def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path, up_to):
     out = tmp_path / "tuned"
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
     run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
-                          "--n", "300", "400", "--m", "4", "--rep-ms", "5", "--out", str(out)],
+                          "--n", "300", "400", "--m", "4", "--rep-ms", "5", "--out", str(out)]
+                         + (["--up-to"] if up_to else []),
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "2 shapes (1 entry)" in run.stdout and "bucket 512: " in run.stdout, run.stdout
     assert "over N 300/400" in run.stdout, run.stdout
     (table,) = out.rglob("*.yaml")
     data = yaml.safe_load(table.read_text())
-    assert set(data["entries"]["fused"]["float32"]) == {512}
-    assert set(data["entries"]["fused"]["float32"][512]) == {4}
+    key = 400 if up_to else 512
+    assert set(data["entries"]["fused"]["float32"]) == {key}
+    assert set(data["entries"]["fused"]["float32"][key]) == {4}
     (covers,) = data["header"]["covers"]
     assert "N 300/400" in covers and "recorded" not in covers, covers
+    assert ("entries up to the longest length" in covers) == up_to, covers
+    if up_to:
+        bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--up-to", "--out", str(out)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert bad.returncode == 2 and "--up-to" in bad.stderr
 
 
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):

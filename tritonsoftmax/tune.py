@@ -11,6 +11,8 @@ and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` l
     python -m tritonsoftmax.tune --n 131072 --m 1 8 --timer kernel  # few short launches: rank by kernel time
     python -m tritonsoftmax.tune --families fused --n 300 400 512 --m 16384  # one entry for bucket 512,
                                                                   # chosen across the three lengths
+    python -m tritonsoftmax.tune --families fused --n 4100 6144 --up-to  # an entry for rows of 4097..6144
+                                                                  # (the 8192 bucket's entry keeps the rest)
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
 ``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
@@ -46,6 +48,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "it, e.g. coop with few rows: 32x152064 against 32x262144). Several lengths in one "
                          "bucket give one entry: the config whose worst time, as a share of the best config's "
                          "at each length, is least")
+    ap.add_argument("--up-to", action="store_true",
+                    help="with --n: store each entry under the longest of its lengths instead of the bucket; it "
+                         "then serves the bucket's rows up to that length, and a longer key of the bucket (the "
+                         "bucket's own entry) the rest")
     ap.add_argument("--m", type=int, nargs="+", default=[4096],
                     help="row counts to tune at (each capped so that M*N <= --max-elements)")
     ap.add_argument("--max-elements", type=int, default=2**27)
@@ -161,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.n and min(args.n) < 1:
         print("error: --n takes row lengths >= 1", file=sys.stderr)
         return 2
+    if args.up_to and not args.n:
+        print("error: --up-to stores entries under the longest --n length; give --n", file=sys.stderr)
+        return 2
     lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
                                                    if n_bucket(args.n_min) <= b <= args.n_max]
     groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, m) -> [(N, M)]
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
               f"N {'/'.join(map(str, lengths)) if args.n else f'{lengths[0]}..{lengths[-1]}'}; "
               f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})"
+              f"{'; entries up to the longest length' if args.up_to else ''}"
               f"{'; kernel time' if args.timer == 'kernel' else ''}")
     entries = f"{len(groups)} {'entry' if len(groups) == 1 else 'entries'}"
     print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
@@ -234,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         N, M = max(timings_by_n)  # the entry's time: the longest length's
         progress = covers if recorded == len(groups) else f"{covers} [{recorded} of {len(groups)} entries recorded]"
         tuning.record(root, info, [(fam.name, dtype, N, M, chosen, timings_by_n[(N, M)][chosen])], progress,
-                      args.timer, written_covers)
+                      args.timer, written_covers, up_to_n=args.up_to)
         written_covers = progress
     print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
     return 0

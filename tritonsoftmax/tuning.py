@@ -8,7 +8,8 @@ Layout of a file (``<root>/<backend>/<arch>.yaml``; schema in ``tune_cache/READM
     entries:
       <family>:
         <dtype>:                # float32 | float16 | bfloat16
-          <N bucket>:           # next power of two of the row length
+          <N key>:              # the N bucket (next power of two of the row length), or a length
+                                # below it: an entry for the bucket's rows up to that length
             <M bucket>:         # coarse row-count bucket (powers of 4, see config.m_bucket)
               {config: {BLOCK: 4096, num_warps: 8, num_stages: 1}, ms: 0.0123, triton: 3.6.0}
 
@@ -129,33 +130,49 @@ NEAREST_M = 16  # an entry serves row counts up to this factor away from the one
 NEAREST_M_FEWER_ROWS_GRID_FROM_M = 2
 
 
+def n_keys(keys, N: int) -> list[int]:
+    """The N keys of a table (``keys``) that can serve a row of N, best first: those in N's bucket
+    (n_bucket), the least that is at least N first (an entry under a key below its bucket serves
+    the bucket's rows up to that length), then the larger ones, then the smaller ones, nearest first
+    (a bucket whose keys all lie below N still serves it)."""
+    nb = n_bucket(N)
+    inside = [k for k in keys if isinstance(k, int) and not isinstance(k, bool) and k >= 1 and n_bucket(k) == nb]
+    return sorted(k for k in inside if k >= N) + sorted((k for k in inside if k < N), reverse=True)
+
+
 def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
            fewer_rows_factor: int = NEAREST_M) -> Entry | None:
-    """The stored config for this shape, or None. The N bucket must match; among its M buckets
-    the exact one wins, else the nearest (in powers of 4) within a factor of NEAREST_M, and within
-    ``fewer_rows_factor`` when M is below the entry's: a config tuned on thousands of rows
-    (several rows a program, chunks sized to fill the GPU with many rows) is not used for a
-    handful. The first root that has a usable entry wins."""
+    """The stored config for this shape, or None. The N key must lie in N's bucket (n_keys gives
+    the order when a bucket holds several); among its M buckets the exact one wins, else the
+    nearest (in powers of 4) within a factor of NEAREST_M, and within ``fewer_rows_factor`` when M
+    is below the entry's: a config tuned on thousands of rows (several rows a program, chunks sized
+    to fill the GPU with many rows) is not used for a handful. The first root that has a usable
+    entry wins."""
     if dtype not in DTYPE_NAMES:
         return None
-    nb, mb = n_bucket(N), m_bucket(M)
+    mb = m_bucket(M)
+    up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
     for root in roots():
         path = table_path(root, device)
-        by_m = _read(path).get(family, {}).get(DTYPE_NAMES[dtype], {}).get(nb)
-        if not isinstance(by_m, dict) or not by_m:
+        by_n = _read(path).get(family, {}).get(DTYPE_NAMES[dtype], {})
+        if not isinstance(by_n, dict):
             continue
-        try:
-            up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
-            usable = [k for k in map(int, by_m) if -up <= k.bit_length() - mb.bit_length() <= down]
-            if not usable:
+        for key in n_keys(by_n, N):
+            by_m = by_n[key]
+            if not isinstance(by_m, dict) or not by_m:
                 continue
-            best = min(usable, key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
-            item = by_m[best]
-            return Entry(LaunchConfig.from_dict(item["config"]), item.get("ms"), path)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            if path not in _warned:
-                _warned.add(path)
-                warnings.warn(f"tritonsoftmax: ignoring malformed entry in {path}: {e}", RuntimeWarning, stacklevel=2)
+            try:
+                usable = [k for k in map(int, by_m) if -up <= k.bit_length() - mb.bit_length() <= down]
+                if not usable:
+                    continue
+                best = min(usable, key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
+                item = by_m[best]
+                return Entry(LaunchConfig.from_dict(item["config"]), item.get("ms"), path)
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                if path not in _warned:
+                    _warned.add(path)
+                    warnings.warn(f"tritonsoftmax: ignoring malformed entry in {path}: {e}", RuntimeWarning,
+                                  stacklevel=2)
     return None
 
 
@@ -190,8 +207,9 @@ def _cover_text(item) -> str:
 
 def record(root: Path, device: DeviceInfo,
            results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "",
-           timer: str = "events", replaces: str = "") -> Path:
-    """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``.
+           timer: str = "events", replaces: str = "", up_to_n: bool = False) -> Path:
+    """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``,
+    each under N's bucket, or with ``up_to_n`` under N itself (an entry for its bucket's rows up to N).
     ``timer``: how ``ms`` was measured; entries timed by kernel time (``tritonsoftmax.kernel_timer``)
     say so (``timer: kernel``), since their ms leave out what do_bench's count in.
     ``covers`` joins the header's list of what the table covers, in place of ``replaces`` when that
@@ -215,7 +233,8 @@ def record(root: Path, device: DeviceInfo,
                 doc = {}
         entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
         for family, dtype, N, M, config, ms in results:
-            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_bucket(N), {})
+            key = N if up_to_n else n_bucket(N)
+            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(key, {})
             slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
                                  "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         parts = (doc.get("header") or {}).get("covers") or []
