@@ -305,6 +305,7 @@ def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path, up_to):
     (covers,) = data["header"]["covers"]
     assert "N 300/400" in covers and "recorded" not in covers, covers
     assert ("entries up to the longest length" in covers) == up_to, covers
+    assert ("bucket 512 (entry up to 400): " in run.stdout) == up_to, run.stdout
     if up_to:
         bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--up-to", "--out", str(out)],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

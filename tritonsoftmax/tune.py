@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {fam.name} {dname}: no config ran at every length of {shapes}; not recorded", flush=True)
             continue
         if len(timings_by_n) > 1:
-            print(f"    bucket {n_bucket(shapes[0][0])}: {chosen}, at worst {worst:.3f}x the best config's time "
+            key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
+            print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over N {'/'.join(str(n) for n, _ in timings_by_n)}", flush=True)
         errors = {shape: check(chosen) for shape, check in checked.items()}
         if not all(e <= 1e-2 for e in errors.values()):
