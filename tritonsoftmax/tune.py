@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for (fname, dname, _, _), shapes in groups.items():
         dtype = DTYPES[dname]
         fam = backward_family(fname) if args.backward else family(fname)
-        timings_by_n, checked = {}, {}
+        timings_by_n, works = {}, {}
         for N, M in shapes:
             done += 1
             work = _Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
@@ -220,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{done}/{n_shapes}] {fam.name:10} {dname:8} N={N:<8} M={M:<5} {len(timings):2} configs  best "
                   f"{best}  {ms * 1e3:9.1f} us {work.nbytes / ms / 1e6:7.0f} GB/s  ({time.time() - start:.0f} s)",
                   flush=True)
-            timings_by_n[(N, M)] = timings
-            checked[(N, M)] = lambda config, work=work, fam=fam: work.error(
-                fam.prepare(work.problem, config, info, flags=work.flags))
+            timings_by_n[(N, M)], works[(N, M)] = timings, work
         if not timings_by_n:
             continue
         chosen, worst = choose_across_lengths(timings_by_n)
@@ -233,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over N {'/'.join(str(n) for n, _ in timings_by_n)}", flush=True)
-        errors = {shape: check(chosen) for shape, check in checked.items()}
+        errors = {shape: w.error(fam.prepare(w.problem, chosen, info, flags=w.flags)) for shape, w in works.items()}
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue

@@ -66,9 +66,14 @@ def row_offsets(rows, INNER, stride_outer, stride_inner):
 def whole_vectors(N, stride_a_outer, stride_a_inner, stride_b_outer, stride_b_inner, VEC: tl.constexpr):
     """N and two layouts' row strides as (v // VEC) * VEC: equal to them when row_vec gave VEC (every
     one a multiple of it), and known to the compiler as multiples of VEC, which Triton's specialisation
-    (divisibility by 16 only) cannot tell for, say, N = 200."""
-    return ((N // VEC) * VEC, (stride_a_outer // VEC) * VEC, (stride_a_inner // VEC) * VEC,
-            (stride_b_outer // VEC) * VEC, (stride_b_inner // VEC) * VEC)
+    (divisibility by 16 only) cannot tell for, say, N = 200. VEC == 1: the arguments as they are."""
+    if VEC > 1:
+        N = (N // VEC) * VEC
+        stride_a_outer = (stride_a_outer // VEC) * VEC
+        stride_a_inner = (stride_a_inner // VEC) * VEC
+        stride_b_outer = (stride_b_outer // VEC) * VEC
+        stride_b_inner = (stride_b_inner // VEC) * VEC
+    return N, stride_a_outer, stride_a_inner, stride_b_outer, stride_b_inner
 
 
 @triton.jit

@@ -312,9 +312,8 @@ def _softmax_coop_fwd_kernel(
     how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G
@@ -382,9 +381,8 @@ def _softmax_coop_bwd_kernel(
     y and dx in one layout).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
-            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     row = ticket // G

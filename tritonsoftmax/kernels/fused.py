@@ -141,9 +141,8 @@ def _softmax_fused_fwd_kernel(
     16384 + 8 elements, not 32768; several-row tiles and the realigned path ignore it.
     """
     pid = tl.program_id(0)
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL)
@@ -171,9 +170,8 @@ def _softmax_fused_bwd_kernel(
     tiles only; dy, y and dx in one layout). VEC, TAIL: as in the forward.
     """
     pid = tl.program_id(0)
-    if VEC > 1:
-        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
-            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     if ROWS == 1 and ALIGN == 1 and TAIL > 0:
         rows = pid + tl.arange(0, 1)
         cols = tl.arange(0, BLOCK_N // 2)

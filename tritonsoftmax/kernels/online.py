@@ -52,9 +52,8 @@ def _softmax_online_fwd_kernel(
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
@@ -85,9 +84,8 @@ def _softmax_online_bwd_kernel(
     in the forward (ALIGN > 1: dy, y and dx share one layout).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
-            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     row = tl.program_id(0)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)

@@ -75,9 +75,8 @@ def _softmax_split_stats_kernel(
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -113,9 +112,8 @@ def _softmax_split_write_kernel(
     its partials) before reading them.
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
@@ -154,9 +152,8 @@ def _softmax_split_bwd_partial_kernel(
     dx in one layout; PDL) as in pass 1 of the forward.
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
-            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -183,9 +180,8 @@ def _softmax_split_bwd_write_kernel(
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
     one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2; VEC as in the
     fused kernel (rows of whole VEC-element vectors, _common.row_vec)."""
-    if VEC > 1:
-        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
-            N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
+        N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,

@@ -36,9 +36,8 @@ def _softmax_tile_fwd_kernel(
     (the first tiles are the ones pass 2 left in cache).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
-    if VEC > 1:
-        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
-            N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
+    N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
+        N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
