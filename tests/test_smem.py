@@ -161,20 +161,92 @@ def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
     assert (c["BLOCK_G"] == 1) == (N <= 32768)
 
 
-@pytest.mark.parametrize("M,N,dtype,chunk,warps", [
-    (4096, 40960, torch.bfloat16, 8192, 2), (4096, 50176, torch.bfloat16, 8192, 2),
-    (264, 40960, torch.bfloat16, 8192, 2), (263, 40960, torch.bfloat16, 16384, 4),
-    (4096, 65536, torch.bfloat16, 16384, 4), (4096, 57345, torch.bfloat16, 16384, 4),
-    (4096, 40960, torch.float16, 16384, 4),
-    (4096, 40960, torch.float32, 16384, 4), (4096, 2**20 + 4096, torch.bfloat16, 16384, 4)], ids=str)
-def test_forward_heuristic_halves_bf16_chunks_when_the_last_would_be_half_empty(M, N, dtype, chunk, warps):
-    """8K chunks, 2 warps, for many bf16 rows (2 an SM) whose last 16K chunk would be at most half full
-    (40960 = 2.5 x 16K; 57345 leaves 16K chunks more than half full; fp16, fp32 and few rows keep 16K;
-    rows needing longer chunks to stay within the SM count keep 16K). Through the launch as the
-    dispatcher builds it: the problem carries the dtype."""
-    x = torch.empty(M, N, dtype=dtype, device="meta")
-    c = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False).config
-    assert (c["TILES"] * c["BLOCK"], c.num_warps) == (chunk, warps)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("M", [4096, 264, 8])
+def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
+    """The bucket's config is the same in every dtype and row count (the half chunks bf16 once took are gone:
+    balanced chunks beat them, session21-probes/probe89.log)."""
+    for N in (40960, 50176, 65536, 2**20 + 4096):
+        c = smem()._heuristic(SM90, M, N, dtype)
+        assert (c["TILES"] * c["BLOCK"], c.num_warps) == (16384, 4), N
+
+
+def _chunks(config, N):
+    return -(-N // (config["TILES"] * config["BLOCK"]))
+
+
+@pytest.mark.parametrize("N,itemsize,want", [
+    (50264, 2, (5, 10, 1024)), (36864, 2, (3, 12, 1024)), (40960, 2, (4, 10, 1024)), (73728, 2, (6, 12, 1024)),
+    (131080, 2, (10, 13, 1024)), (12008, 2, (1, 12, 1024)), (36864, 4, (3, 12, 1024))], ids=str)
+def test_balanced_config_cuts_a_row_into_even_chunks(N, itemsize, want):
+    """G or G + 1 chunks of the fewest 1024-element copy groups, whichever allocates less (probe89.log)."""
+    base = smem()._heuristic(SM90, 4096, N)
+    c = smem().balanced_config(base, N, itemsize, SM90)
+    assert (_chunks(c, N), c["TILES"], c["BLOCK"]) == want
+    assert c.num_warps == base.num_warps and c["BLOCK_G"] >= _chunks(c, N)
+
+
+@pytest.mark.parametrize("N", [65536, 262144, 32768, 16384, 2**20])
+def test_balanced_config_keeps_a_config_whose_chunks_fill_the_row(N):
+    for itemsize in (2, 4):
+        base = smem()._heuristic(SM90, 4096, N)
+        assert smem().balanced_config(base, N, itemsize, SM90) == base
+
+
+def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
+    """Over many row lengths and both directions' configs: the row covered, the chunk no longer than the
+    config's, less shared memory a row or the config itself, BLOCK_G enough, G within the SM count, and copy
+    groups the warps can fill with 16-byte vectors (16-bit 8 warps: 2048)."""
+    mod = smem()
+    for N in list(range(8200, 300000, 4104)) + [32776, 98312, 131080, 1048584]:
+        for itemsize in (2, 4):
+            dtype = torch.float32 if itemsize == 4 else torch.bfloat16
+            for base in (mod._heuristic(SM90, 4096, N, dtype), mod._bwd_heuristic(SM90, 4096, N, dtype),
+                         mod._bwd_heuristic(SM90, 8, N, dtype)):
+                c = mod.balanced_config(base, N, itemsize, SM90)
+                g, g_base = _chunks(c, N), _chunks(base, N)
+                chunk, base_chunk = c["TILES"] * c["BLOCK"], base["TILES"] * base["BLOCK"]
+                assert chunk <= base_chunk and g * chunk <= g_base * base_chunk, (N, base, c)
+                assert g in (g_base, g_base + 1) and g <= SM90.sm_count and c["BLOCK_G"] >= g, (N, base, c)
+                assert c["BLOCK"] >= c.num_warps * 32 * 16 // itemsize, (N, c)
+                assert (c == base) == (g * chunk == g_base * base_chunk), (N, base, c)
+    wide = LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=1)
+    assert dict(mod.balanced_config(wide, 20008, 2, SM90).meta) == {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}
+
+
+def test_balanced_configs_compile_to_16_byte_copies_and_stores():
+    """Copy groups of 1024 (2048 for 16-bit at 8 warps) and tile counts that are no power of two, as
+    balanced_config gives them, compiled for sm_90: every copy and store 16 bytes wide, forward and backward."""
+    import json
+
+    from compile_scripts import run_compile_script
+
+    cases = [("fwd", "bf16", 16, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 8}, 4),
+             ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 12, "BLOCK_G": 4}, 4),
+             ("fwd", "fp16", 16, {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}, 8),
+             ("bwd", "fp16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8}, 4)]
+    compile_cases = [[which, dt, dt, meta, nw, {}] for which, dt, _, meta, nw in cases]
+    results = run_compile_script("smem_compile.py", json.dumps(compile_cases))
+    for (which, _, bits, meta, nw), got in zip(cases, results, strict=True):
+        vectors = meta["TILES"] * meta["BLOCK"] * bits // 128 // (nw * 32)
+        held = 2 if which == "bwd" else 1
+        copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", got["ptx"])
+        assert len(copies) == held * vectors and not re.search(r"cp\.async\.ca", got["ptx"]), (which, meta)
+        assert len(re.findall(r"st\.global[^\n]*\.v4", got["ptx"])) == vectors, (which, meta)
+        assert got["shared"] >= held * meta["TILES"] * meta["BLOCK"] * bits // 8
+
+
+def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
+    """The heuristic's config and a stored one are cut to the row; a config the caller names runs as given
+    (the tuner times what it names)."""
+    x = torch.empty(4096, 50264, dtype=torch.bfloat16, device="meta")
+    base = smem()._heuristic(SM90, 4096, 50264)
+    heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
+    stored = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store=True, flags=FLAGS, two_phase=False)
+    explicit = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, flags=FLAGS, two_phase=False)
+    assert heuristic.config == stored.config == smem().balanced_config(base, 50264, 2, SM90) != base
+    assert explicit.config == base
+    assert heuristic._may_give_up and stored._may_give_up and not explicit._may_give_up
 
 
 def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
@@ -259,7 +331,7 @@ def test_a_backward_that_fails_on_its_first_call_hands_over_to_coops_backward():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (64, 262144), (1000, 40960), (8, 131072),
-                                 (2, 1048576), (1, 131072), (17, 32776)])
+                                 (2, 1048576), (1, 131072), (17, 32776), (300, 50264), (64, 131080)])
 def test_matches_float64(M, N, dtype):
     x = random_input((M, N), dtype, DEVICE, seed=N + M)
     y = poisoned_like(x)
@@ -421,7 +493,8 @@ def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_h
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,dtype,forward_impl,backward_impl", [
     (1024, 16384, torch.bfloat16, "smem", "smem"), (264, 24576, torch.float16, "smem", "fused"),
-    (1024, 12000, torch.bfloat16, "smem", "smem"), (300, 12000, torch.float16, "fused", "smem")], ids=str)
+    (1024, 12000, torch.bfloat16, "smem", "smem"), (300, 12000, torch.float16, "fused", "smem"),
+    (1024, 20008, torch.bfloat16, "smem", "fused")], ids=str)
 def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, forward_impl, backward_impl):
     """The forward of the 32K bucket and of the 16K bucket from 7 rows an SM, the backward of the 16K
     bucket: one chunk a row, no exchange."""
@@ -452,7 +525,7 @@ def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (8, 131072), (1, 131072), (32, 152064),
-                                 (2, 2097152), (17, 32776)])
+                                 (2, 2097152), (17, 32776), (300, 50264), (64, 131080)])
 def test_backward_matches_float64(M, N, dtype):
     if dtype == torch.float32 and N == 2097152:
         N = 1048576  # two fp32 chunks of 16K an SM: rows up to 2M

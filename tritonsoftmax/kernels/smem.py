@@ -62,7 +62,7 @@ BLOCKS = (2048, 4096, 8192)
 MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk (fp32: 32K elements)
 ONE_CHUNK_MAX = 32768  # the forward heuristic makes rows of up to this bucket one chunk
 CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
-HALF_CHUNK_ROWS_PER_SM = 2  # ... or half of it, for many bf16 rows whose last chunk would be at most half full
+BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
 
@@ -301,27 +301,54 @@ def _config_space(held: int):
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.float32) -> LaunchConfig:
-    """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype
-    (``dtype`` matters only below): the best of every config at bf16 and fp16 4096x65536 (3710/3742
+    """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype:
+    the best of every config at bf16 and fp16 4096x65536 (3710/3742
     GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
     bench/results/h200/session10-probes/probe37.log, part D). Rows of up to 32K (the N bucket): the
     row is one chunk (no exchange), 8 warps for 32K: bf16 4096x32768 3856 against 3796 with 4 warps and
     3511 with two 16K chunks; 4 warps for 16K, 3707 against 3662 (session13-probes/probe59.log).
 
-    Many bf16 rows (at least 2 an SM) whose last 16K chunk would be at most half full take 8K chunks
-    with 2 warps instead (the same 64 elements a thread). Through auto against 16K chunks, one process
-    (session15-probes/probe68.log): bf16 4096x40960 3858 GB/s against 3630 (G = 5 against 3, the
-    third half empty), 4096x73728 +6.4 %, 600x40960 +6.1 %, 2048x40960 +5.6 %, 4096x36864 +4.5 %,
-    4096x50176 +2.1 %. Not fp16, which lost there (4096x50176 -4.2 %, 4096x40960 -0.8 %), nor rows
-    16K chunks fill (bf16 4096x65536: 3961 against 3985, probe67.log)."""
+    The config is the bucket's; a launch cuts it to its row's length (balanced_config). That replaced
+    session 15's 8K chunks with 2 warps for many bf16 rows whose last 16K chunk would be at most half
+    full (probe68.log), which balanced 16K chunks beat or tie (session21-probes/probe89-run2.log, bf16,
+    GB/s: 4096x36864 3952 against 3594, 4096x50176 3913 / 3669, 600x40960 3200 / 3122, 4096x40960
+    3943 / 3918, 4096x73728 4004 / 3994). ``dtype`` is not read (the backward's heuristic sizes its
+    chunks in bytes; both take it, as SmemFamily.default_config gives it)."""
     nb = n_bucket(N)
     if nb <= ONE_CHUNK_MAX:
         return coop.shape_config(device, N, 2048, 8 if nb >= ONE_CHUNK_MAX else 4, min_tiles=max(1, nb // 2048))
-    if dtype == torch.bfloat16 and 0 < N % CHUNK <= CHUNK // 2 and M >= HALF_CHUNK_ROWS_PER_SM * device.sm_count:
-        half = coop.shape_config(device, N, 2048, 2, min_tiles=CHUNK // 2 // 2048)
-        if half["TILES"] * 2048 == CHUNK // 2:  # not when a row needs longer chunks (G <= the SM count)
-            return half
     return coop.shape_config(device, N, 2048, 4, min_tiles=CHUNK // 2048)
+
+
+def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceInfo) -> LaunchConfig:
+    """``config`` (sized on the N bucket) with a row of exactly N elements cut into even chunks, when that
+    takes less shared memory a row: G or G + 1 chunks (G = the config's chunk count at N) of the fewest
+    BALANCE_BLOCK copy groups (or the narrowest group its warps can copy in 16-byte vectors) that cover
+    the row, whichever allocates fewer elements. Else the config as it is.
+
+    A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
+    past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
+    4096 rows, through auto against the config before (bench/results/h200/session21-probes/
+    probe89-run2.log, one process, kernel time, GB/s): forward fp16 4096x20008 3734 against 2739 (one
+    chunk of 20K against 32K), bf16 4096x12008 3583 / 3342, fp16 4096x36864 3960 / 3547, bf16 4096x50264
+    3763 / 3515, fp32 4096x36864 4045 / 3872; backward bf16 4096x50176 4214 / 3932, 4096x50264 3952 /
+    3746. The losses: bf16 4096x131080 forward 3496 against 3709 (G 10 of 13K; the fp16 kernel of the
+    same config runs 3892, and ptxas 8.8 gives the bf16 one 72 registers to fp16's 56: 7 programs an SM,
+    not 8), 4096x200000 backward -1.3 %, fp32 forward -1.1 %. probe87.log (the same shapes' candidates)
+    had G alone ahead of G + 1 by up to 1.5 % at 50264 forward; G + 1 wins the backward there (+5 %).
+    Rows that chunks fill (65536, every power of two) keep their config."""
+    block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
+    chunk = config["TILES"] * config["BLOCK"]
+    g0 = triton.cdiv(N, chunk)
+    best = (g0 * chunk, g0, config["TILES"])
+    for g in (g0, g0 + 1):
+        tiles = triton.cdiv(triton.cdiv(N, g), block)
+        if g <= coop.max_chunks(device) and triton.cdiv(N, tiles * block) == g and g * tiles * block < best[0]:
+            best = (g * tiles * block, g, tiles)
+    if best[0] == g0 * chunk:
+        return config
+    _, g, tiles = best
+    return config.with_meta(BLOCK=block, TILES=tiles, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
@@ -364,6 +391,10 @@ class SmemLaunch(CoopLaunch):
             raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
+        chosen = config is None or from_store  # the dispatcher's choice, not the caller's
+        if chosen:  # sized on the N bucket: cut to this N
+            config = balanced_config(config or family.default_config(device, problem), problem.N,
+                                     problem.dtype.itemsize, device)
         super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
@@ -374,7 +405,7 @@ class SmemLaunch(CoopLaunch):
         self._flags, self._two_phase = dict(flags or {}), two_phase
         self._layout_ok: bool | None = None
         self._coop: CoopLaunch | None = None
-        self._may_give_up = config is None or from_store  # the dispatcher's choice, not the caller's
+        self._may_give_up = chosen
         self._started = False
         self.smem_error: str | None = None
         self.fallbacks = 0
@@ -419,8 +450,7 @@ class SmemFamily(CoopFamily):
         self.held, self.fallback = held, fallback
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
-        """The heuristic, told the input's dtype (the backward sizes its chunks in bytes; the forward's
-        half chunks are for bf16)."""
+        """The heuristic, told the input's dtype (the backward sizes its chunks in bytes)."""
         return self.heuristic(device, problem.M, problem.N, problem.dtype)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
