@@ -5,9 +5,10 @@ Gluon kernel calls are interpreter objects that Gluon cannot compile).
     python tests/smem_compile.py '[["fwd", "bf16", "bf16", {"BLOCK": 4096, ...}, 4, {"LOG": 1}], ...]'
 
 Each case: the kernel ("fwd", or "bwd": dy and y of the input dtype, dx of the output dtype), input
-dtype, output dtype, constexprs of a config, num_warps, flags. Prints a list of
-{"ptx": ..., "shared": ...}; N and the strides carry no divisibility hint (the kernel must know its
-vectors without one); pointers are 16-byte aligned, as a launch on aligned rows gets them."""
+dtype, output dtype, constexprs of a config, num_warps, flags, and optionally launch options
+(e.g. {"maxnreg": 64}). Prints a list of {"ptx": ..., "shared": ...}; N and the strides carry no
+divisibility hint (the kernel must know its vectors without one); pointers are 16-byte aligned, as a
+launch on aligned rows gets them."""
 
 import json
 import os
@@ -22,7 +23,8 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from tritonsoftmax.kernels import smem  # noqa: E402
 
 
-def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: int, flags: dict) -> dict:
+def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: int, flags: dict,
+                 options: dict | None = None) -> dict:
     if which == "fwd":
         kernel = smem._softmax_smem_fwd_kernel
         pointers = {"x_ptr": "*" + dtype, "y_ptr": "*" + out_dtype}
@@ -46,8 +48,9 @@ def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: 
         else:
             sig[name] = "constexpr"
     const.update({**defaults, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, **meta, **flags})
+    options = {"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True, **(options or {})}
     compiled = triton.compile(GluonASTSource(kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True})
+                              options=options)
     return {"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}
 
 

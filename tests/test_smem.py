@@ -225,7 +225,9 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
              ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 12, "BLOCK_G": 4}, 4),
              ("fwd", "fp16", 16, {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}, 8),
              ("bwd", "fp16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8}, 4)]
-    compile_cases = [[which, dt, dt, meta, nw, {}] for which, dt, _, meta, nw in cases]
+    capped = smem().register_capped(LaunchConfig.make(4, **cases[0][3]))
+    compile_cases = [[which, dt, dt, meta, nw, {}, dict(capped.options) if nw == 4 else {}]
+                     for which, dt, _, meta, nw in cases]
     results = run_compile_script("smem_compile.py", json.dumps(compile_cases))
     for (which, _, bits, meta, nw), got in zip(cases, results, strict=True):
         vectors = meta["TILES"] * meta["BLOCK"] * bits // 128 // (nw * 32)
@@ -234,6 +236,20 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
         assert len(copies) == held * vectors and not re.search(r"cp\.async\.ca", got["ptx"]), (which, meta)
         assert len(re.findall(r"st\.global[^\n]*\.v4", got["ptx"])) == vectors, (which, meta)
         assert got["shared"] >= held * meta["TILES"] * meta["BLOCK"] * bits // 8
+        assert re.findall(r"\.maxnreg (\d+)", got["ptx"]) == (["64"] if nw == 4 else []), "4 warps: the register cap"
+
+
+def test_register_cap_holds_four_warp_configs_to_64_registers():
+    """maxnreg 64 for 4-warp configs (8 programs an SM by registers; probe90.log: bf16 4096x131080 forward
+    3932 GB/s against 3528); other warp counts and a config that names its own cap are left alone."""
+    four = LaunchConfig.make(4, BLOCK=1024, TILES=13, BLOCK_G=16)
+    capped = smem().register_capped(four)
+    assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": 64}
+    assert capped.launch_kwargs()["maxnreg"] == 64
+    assert smem().register_capped(capped) == capped
+    for other in (LaunchConfig.make(8, BLOCK=2048, TILES=10, BLOCK_G=1), LaunchConfig.make(2, BLOCK=2048, TILES=4),
+                  four.with_options(maxnreg=96)):
+        assert smem().register_capped(other) == other
 
 
 def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
@@ -244,7 +260,9 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
     stored = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store=True, flags=FLAGS, two_phase=False)
     explicit = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, flags=FLAGS, two_phase=False)
-    assert heuristic.config == stored.config == smem().balanced_config(base, 50264, 2, SM90) != base
+    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90))
+    assert heuristic.config == stored.config == want and want.meta != base.meta
+    assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base
     assert heuristic._may_give_up and stored._may_give_up and not explicit._may_give_up
 

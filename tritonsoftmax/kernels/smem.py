@@ -63,6 +63,8 @@ MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk
 ONE_CHUNK_MAX = 32768  # the forward heuristic makes rows of up to this bucket one chunk
 CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
 BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
+CAPPED_WARPS = 4  # configs of this many warps get REGISTER_CAP (register_capped)
+REGISTER_CAP = 64  # registers a thread: 8 four-warp programs an SM by registers (65536 / (128 x 64))
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
 
@@ -332,9 +334,9 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     probe89-run2.log, one process, kernel time, GB/s): forward fp16 4096x20008 3734 against 2739 (one
     chunk of 20K against 32K), bf16 4096x12008 3583 / 3342, fp16 4096x36864 3960 / 3547, bf16 4096x50264
     3763 / 3515, fp32 4096x36864 4045 / 3872; backward bf16 4096x50176 4214 / 3932, 4096x50264 3952 /
-    3746. The losses: bf16 4096x131080 forward 3496 against 3709 (G 10 of 13K; the fp16 kernel of the
-    same config runs 3892, and ptxas 8.8 gives the bf16 one 72 registers to fp16's 56: 7 programs an SM,
-    not 8), 4096x200000 backward -1.3 %, fp32 forward -1.1 %. probe87.log (the same shapes' candidates)
+    3746. The losses: bf16 4096x131080 forward 3496 against 3709 (G 10 of 13K; compiled with 8 bytes of
+    register spills, which register_capped removes: 3932 in probe90.log), 4096x200000 backward -1.3 %,
+    fp32 forward -1.1 %. probe87.log (the same shapes' candidates)
     had G alone ahead of G + 1 by up to 1.5 % at 50264 forward; G + 1 wins the backward there (+5 %).
     Rows that chunks fill (65536, every power of two) keep their config."""
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
@@ -349,6 +351,20 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
         return config
     _, g, tiles = best
     return config.with_meta(BLOCK=block, TILES=tiles, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
+
+
+def register_capped(config: LaunchConfig) -> LaunchConfig:
+    """``config`` with ptxas held to REGISTER_CAP registers a thread (the ``maxnreg`` launch option) when it
+    has CAPPED_WARPS warps, so registers never hold fewer programs an SM than a chunk's shared memory allows.
+
+    H200 (bench/results/h200/session21-probes/probe90.log, kernel time, GB/s, 4096 rows, through the
+    launch): bf16 4096x131080 forward, G 10 of 13 x 1024, 3932 with the cap against 3528 without (compiled
+    without it: 64 registers and 8 bytes of spills; the fp16 kernel of the same config, 56 registers,
+    runs 3926); every other forward and backward of the probe (bf16/fp16 36864-131080 and 65536) moved
+    within 0.4 %, with no spills."""
+    if config.num_warps != CAPPED_WARPS or "maxnreg" in dict(config.options):
+        return config
+    return config.with_options(maxnreg=REGISTER_CAP)
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
@@ -392,9 +408,9 @@ class SmemLaunch(CoopLaunch):
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
-        if chosen:  # sized on the N bucket: cut to this N
-            config = balanced_config(config or family.default_config(device, problem), problem.N,
-                                     problem.dtype.itemsize, device)
+        if chosen:  # sized on the N bucket: cut to this N, registers capped
+            config = register_capped(balanced_config(config or family.default_config(device, problem), problem.N,
+                                                     problem.dtype.itemsize, device))
         super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
