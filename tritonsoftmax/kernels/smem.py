@@ -336,9 +336,9 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     3763 / 3515, fp32 4096x36864 4045 / 3872; backward bf16 4096x50176 4214 / 3932, 4096x50264 3952 /
     3746. The losses: bf16 4096x131080 forward 3496 against 3709 (G 10 of 13K; compiled with 8 bytes of
     register spills, which register_capped removes: 3932 in probe90.log), 4096x200000 backward -1.3 %,
-    fp32 forward -1.1 %. probe87.log (the same shapes' candidates)
-    had G alone ahead of G + 1 by up to 1.5 % at 50264 forward; G + 1 wins the backward there (+5 %).
-    Rows that chunks fill (65536, every power of two) keep their config."""
+    fp32 forward -1.1 %. G alone ran 0.7-2.7 % ahead of G + 1 at 50176/50264 forward, and 4.6-6.6 % behind at
+    bf16 40960/73728 forward and 50264 backward (the g0 lines of probe89-run2.log). Rows that chunks fill
+    (65536, every power of two) keep their config."""
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
     chunk = config["TILES"] * config["BLOCK"]
     g0 = triton.cdiv(N, chunk)
