@@ -27,6 +27,7 @@ from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, gluon_available
+from tritonsoftmax.kernels._common import chunks
 from tritonsoftmax.layout import matrix_problem
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
@@ -171,10 +172,6 @@ def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
         assert (c["TILES"] * c["BLOCK"], c.num_warps) == (16384, 4), N
 
 
-def _chunks(config, N):
-    return -(-N // (config["TILES"] * config["BLOCK"]))
-
-
 @pytest.mark.parametrize("N,itemsize,want", [
     (50264, 2, (5, 10, 1024)), (36864, 2, (3, 12, 1024)), (40960, 2, (4, 10, 1024)), (73728, 2, (6, 12, 1024)),
     (131080, 2, (10, 13, 1024)), (12008, 2, (1, 12, 1024)), (36864, 4, (3, 12, 1024))], ids=str)
@@ -182,8 +179,8 @@ def test_balanced_config_cuts_a_row_into_even_chunks(N, itemsize, want):
     """G or G + 1 chunks of the fewest 1024-element copy groups, whichever allocates less (probe89.log)."""
     base = smem()._heuristic(SM90, 4096, N)
     c = smem().balanced_config(base, N, itemsize, SM90)
-    assert (_chunks(c, N), c["TILES"], c["BLOCK"]) == want
-    assert c.num_warps == base.num_warps and c["BLOCK_G"] >= _chunks(c, N)
+    assert (chunks(N, dict(c.meta)), c["TILES"], c["BLOCK"]) == want
+    assert c.num_warps == base.num_warps and c["BLOCK_G"] >= chunks(N, dict(c.meta))
 
 
 @pytest.mark.parametrize("N", [65536, 262144, 32768, 16384, 2**20])
@@ -204,7 +201,7 @@ def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
             for base in (mod._heuristic(SM90, 4096, N, dtype), mod._bwd_heuristic(SM90, 4096, N, dtype),
                          mod._bwd_heuristic(SM90, 8, N, dtype)):
                 c = mod.balanced_config(base, N, itemsize, SM90)
-                g, g_base = _chunks(c, N), _chunks(base, N)
+                g, g_base = chunks(N, dict(c.meta)), chunks(N, dict(base.meta))
                 chunk, base_chunk = c["TILES"] * c["BLOCK"], base["TILES"] * base["BLOCK"]
                 assert chunk <= base_chunk and g * chunk <= g_base * base_chunk, (N, base, c)
                 assert g in (g_base, g_base + 1) and g <= SM90.sm_count and c["BLOCK_G"] >= g, (N, base, c)

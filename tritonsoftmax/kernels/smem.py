@@ -42,6 +42,7 @@ from . import _common, coop
 from ._common import (
     DROP,
     SMEM_RESERVED_PER_PROGRAM,
+    chunks,
     exp,
     grad_input,
     grad_term,
@@ -340,17 +341,16 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     bf16 40960/73728 forward and 50264 backward (the g0 lines of probe89-run2.log). Rows that chunks fill
     (65536, every power of two) keep their config."""
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
-    chunk = config["TILES"] * config["BLOCK"]
-    g0 = triton.cdiv(N, chunk)
-    best = (g0 * chunk, g0, config["TILES"])
+    g0 = chunks(N, dict(config.meta))
+    allocated, best = g0 * config["TILES"] * config["BLOCK"], None
     for g in (g0, g0 + 1):
-        tiles = triton.cdiv(triton.cdiv(N, g), block)
-        if g <= coop.max_chunks(device) and triton.cdiv(N, tiles * block) == g and g * tiles * block < best[0]:
-            best = (g * tiles * block, g, tiles)
-    if best[0] == g0 * chunk:
+        cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(N, g), block)}
+        if g <= coop.max_chunks(device) and chunks(N, cut) == g and g * cut["TILES"] * block < allocated:
+            allocated, best = g * cut["TILES"] * block, (g, cut)
+    if best is None:
         return config
-    _, g, tiles = best
-    return config.with_meta(BLOCK=block, TILES=tiles, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
+    g, cut = best
+    return config.with_meta(**cut, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
 
 
 def register_capped(config: LaunchConfig) -> LaunchConfig:
