@@ -47,7 +47,7 @@ def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: 
             sig[name] = "i32"
         else:
             sig[name] = "constexpr"
-    const.update({**defaults, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, **meta, **flags})
+    const.update({**defaults, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, "LEAD": 0, **meta, **flags})
     options = {"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True, **(options or {})}
     compiled = triton.compile(GluonASTSource(kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)

@@ -469,3 +469,73 @@ def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded, stages):
     assert back.flags["TAIL"] == tail
     assert_grad_close(dx, dy, ys, log=log)
     assert torch.isnan(out[:, N:]).all()
+
+
+def test_row_tail_of_a_realigned_row_counts_its_whole_groups():
+    from tritonsoftmax.kernels import _common
+
+    assert _common.row_tail(4100, 8192, 8) == 8, "16-bit 4100 off 16 bytes: groups in 4104 positions"
+    assert _common.row_tail(4100, 8192) == 4
+    assert _common.row_tail(16387, 32768, 4) == 4, "fp32: 16388 positions"
+    assert _common.row_tail(2049, 4096, 8) == 8, "at least one group"
+    assert _common.row_tail(4096 + 64, 8192, 8) == 64, "1/128 of the block"
+    assert _common.row_tail(4096 + 122, 8192, 8) == 128, "128 positions of whole groups: 1/64 of the block"
+    assert _common.row_tail(4096 + 129, 8192, 8) == 0, "past 1/64 of the block"
+    assert _common.row_tail(4096, 8192, 8) == 0, "the row fits the first half"
+
+
+# (dtype, N, row stride, TAIL, ALIGN): rows that start off 16 bytes, held as BLOCK_N // 2 + TAIL window positions.
+REALIGNED_TAIL_CASES = [(torch.float16, 4100, 4100, 8, 8), (torch.bfloat16, 2052, 2061, 8, 8),
+                        (torch.float32, 2050, 2050, 4, 4), (torch.float32, 16387, 16391, 4, 4),
+                        (torch.bfloat16, 4160, 4163, 64, 8)]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,stride,tail,align", REALIGNED_TAIL_CASES,
+                         ids=[f"{str(c[0])[6:]}-{c[1]}-stride{c[2]}" for c in REALIGNED_TAIL_CASES])
+def test_fused_realigned_tail_rows_match_reference(dtype, N, stride, tail, align, log):
+    """Rows off 16-byte boundaries held as BLOCK_N // 2 + TAIL window positions plus their partial end
+    groups (held_row_lanes): eight rows, so their starts take several offsets within 16 bytes; the row's
+    max in its last element, in its first, a row of -inf (zero_masked_rows) and the elements between
+    rows (a stride past N) never written; forward and backward."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.config import next_power_of_2
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    rows = 8
+    config = LaunchConfig.make(4, BLOCK_N=next_power_of_2(N), ROWS=1)
+    x = random_input((rows, stride), dtype, DEVICE, seed=N)[:, :N]
+    x[0, N - 1] = 40.0  # the max in the tail piece or the tail group
+    x[1, 0] = 40.0  # the max in the head group
+    x[2] = float("-inf")
+    out = poisoned_like(random_input((rows, stride), dtype, DEVICE))
+    y = out[:, :N]
+    fwd = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device),
+                                  flags={"LOG": int(log), "ZERO_MASKED": 1})
+    fwd(x, y, 1.0)
+    assert (fwd.flags["ALIGN"], fwd.flags["TAIL"]) == (align, tail)
+    want = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
+    want[2] = 0.0
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}[dtype]
+    got = y.double()
+    assert torch.equal(got[2], want[2].to(got.device)), "the -inf row"
+    keep = [r for r in range(rows) if r != 2]
+    err = (got[keep] - want[keep].to(got.device)).abs() / want[keep].to(got.device).abs().clamp(min=1)
+    assert err.max().item() <= tol
+    assert torch.isnan(out[:, N:]).all(), "the elements between rows stay untouched"
+    for r, c in ((0, N - 1), (1, 0)):
+        assert float(y[r, c].double().exp() if log else y[r, c]) > 0.99
+
+    probs = torch.softmax(random_input((rows, stride), dtype, DEVICE, seed=1).float(), -1)
+    ys = (probs.log() if log else probs).to(dtype)[:, :N]
+    dy = random_input((rows, stride), dtype, DEVICE, seed=2)[:, :N]
+    out = poisoned_like(random_input((rows, stride), dtype, DEVICE))
+    dx = out[:, :N]
+    back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
+                                            flags={"LOG": int(log)})
+    back(dy, dx, ys, 1.0)
+    assert (back.flags["ALIGN"], back.flags["TAIL"]) == (align, tail)
+    assert_grad_close(dx, dy, ys, log=log)
+    assert torch.isnan(out[:, N:]).all()

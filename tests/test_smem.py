@@ -207,13 +207,44 @@ def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
                 assert g in (g_base, g_base + 1) and g <= SM90.sm_count and c["BLOCK_G"] >= g, (N, base, c)
                 assert c["BLOCK"] >= c.num_warps * 32 * 16 // itemsize, (N, c)
                 assert (c == base) == (g * chunk == g_base * base_chunk), (N, base, c)
+                led = mod.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
+                g_led, led_chunk = chunks(N, dict(led.meta)), led["TILES"] * led["BLOCK"]
+                if "LEAD" in dict(led.meta):  # chunks() counts LEAD + N
+                    assert g_led * led_chunk <= g * chunk and led_chunk <= base_chunk, (N, base, led)
+                    assert g_led <= SM90.sm_count and led["BLOCK_G"] >= g_led, (N, base, led)
+                else:
+                    assert led == c, (N, base, led)
     wide = LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=1)
     assert dict(mod.balanced_config(wide, 20008, 2, SM90).meta) == {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}
 
 
+@pytest.mark.parametrize("N,itemsize,want", [
+    (50264, 2, (5, 10, 56)), (131080, 2, (10, 13, 56)), (20008, 2, (1, 10, 56)), (12008, 2, (1, 12, 56)),
+    (50180, 4, (5, 10, 28)), (65528, 2, (4, 8, None)), (32760, 2, (1, 16, None))], ids=str)
+def test_balanced_config_starts_chunks_on_lines_when_that_allocates_no_more(N, itemsize, want):
+    """Rows off 128-byte lines (line_lead) get LEAD when lead + N cut evenly allocates no more than N
+    (50264: 5 chunks of 10K either way); 65528 and 32760 would need another chunk, so they keep none."""
+    mod = smem()
+    base = mod._heuristic(SM90, 4096, N)
+    c = mod.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
+    assert (chunks(N, dict(c.meta)), c["TILES"], dict(c.meta).get("LEAD")) == want
+    assert chunks(N, dict(c.meta)) * c["TILES"] * c["BLOCK"] >= N + dict(c.meta).get("LEAD", 0)
+
+
+def test_line_lead_is_set_for_rows_off_128_byte_lines_only():
+    mod = smem()
+    for dtype, N, lead in ((torch.bfloat16, 50264, 56), (torch.float32, 50180, 28), (torch.bfloat16, 50176, 0),
+                           (torch.float32, 50176, 0), (torch.float16, 12000, 56)):
+        x = torch.empty(8, N, dtype=dtype, device="meta")
+        assert mod.line_lead(matrix_problem(x, x), dtype.itemsize) == lead, (dtype, N)
+    padded = torch.empty(8, 50304, dtype=torch.bfloat16, device="meta")[:, :50264]
+    assert mod.line_lead(matrix_problem(padded, padded), 2) == 0, "rows padded to whole lines"
+
+
 def test_balanced_configs_compile_to_16_byte_copies_and_stores():
     """Copy groups of 1024 (2048 for 16-bit at 8 warps) and tile counts that are no power of two, as
-    balanced_config gives them, compiled for sm_90: every copy and store 16 bytes wide, forward and backward."""
+    balanced_config gives them, with and without LEAD, compiled for sm_90: every copy and store 16 bytes
+    wide, forward and backward."""
     import json
 
     from compile_scripts import run_compile_script
@@ -221,7 +252,10 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
     cases = [("fwd", "bf16", 16, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 8}, 4),
              ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 12, "BLOCK_G": 4}, 4),
              ("fwd", "fp16", 16, {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}, 8),
-             ("bwd", "fp16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8}, 4)]
+             ("bwd", "fp16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8}, 4),
+             ("fwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4),
+             ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 4, "LEAD": 28}, 4),
+             ("bwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4)]
     capped = smem().register_capped(LaunchConfig.make(4, **cases[0][3]))
     compile_cases = [[which, dt, dt, meta, nw, {}, dict(capped.options) if nw == 4 else {}]
                      for which, dt, _, meta, nw in cases]
@@ -257,8 +291,8 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
     stored = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store=True, flags=FLAGS, two_phase=False)
     explicit = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, flags=FLAGS, two_phase=False)
-    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90))
-    assert heuristic.config == stored.config == want and want.meta != base.meta
+    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90, lead=56))
+    assert heuristic.config == stored.config == want and want.meta != base.meta and want["LEAD"] == 56
     assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base
     assert heuristic._may_give_up and stored._may_give_up and not explicit._may_give_up
@@ -410,6 +444,43 @@ def test_scale_log_and_extreme_values(N, log, scale, dtype):
         assert (err <= 1e-3 + 2.0 ** -7 * ref[keep].abs()).all()
     else:
         assert err.max().item() <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,N,lead", [(torch.bfloat16, 50264, 56), (torch.float16, 12008, 56),
+                                          (torch.float32, 50180, 28)], ids=str)
+@pytest.mark.parametrize("scale", [1.0, -0.5])
+@pytest.mark.parametrize("log", [False, True])
+def test_rows_off_lines_start_their_chunks_on_lines(dtype, N, lead, scale, log):
+    """Rows whose starts take all eight 16-byte offsets within a 128-byte line: each chunk window starts up
+    to LEAD elements before its row (balanced_config, line_lead). The lanes before a row hold the copy's
+    zero fill: a row whose values all fall below 0 after the scale, maxima in a row's first and last
+    element and a -inf row (zero_masked_rows) must come out as float64 has them; forward and backward."""
+    M = 64
+    x = random_input((M, N), torch.float32, DEVICE, seed=N) * 4
+    x[0, 0] = 60.0 * scale  # the max in the first element
+    x[1, -1] = 60.0 * scale
+    x[2] = -(x[2].abs() + 1.0) * scale  # every value below 0 after the scale: a zero-filled lane would win
+    x[3] = float("-inf") if scale > 0 else float("inf")  # -inf after the scale
+    x = x.to(dtype)
+    y = poisoned_like(x)
+    flags = {"LOG": int(log), "ZERO_MASKED": 1}
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags=flags)
+    launch(x, y, scale)
+    assert launch.config["LEAD"] == lead and launch.fallbacks == 0
+    want = (torch.log_softmax if log else torch.softmax)(x.double() * scale, -1)
+    want[3] = 0.0
+    err = (y.double() - want).abs() / (want.abs().clamp(min=1) if log else 1)
+    assert err.max().item() <= TOL[dtype]
+    for r, c in ((0, 0), (1, N - 1)):
+        assert float(y[r, c].double().exp() if log else y[r, c]) > 0.99
+
+    saved, dy = saved_output_and_gradient(M, N, dtype, seed=N, log=log)
+    dx = poisoned_like(dy)
+    back = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, device_info(dy.device), flags={"LOG": int(log)})
+    back(dy, dx, saved, scale)
+    assert back.config["LEAD"] == lead and back.fallbacks == 0
+    assert_grad_close(dx, dy, saved, scale, log)
 
 
 @pytest.mark.gpu

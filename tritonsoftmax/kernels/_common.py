@@ -133,6 +133,20 @@ def whole_row_lanes(start, N, WIDTH: tl.constexpr, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def held_row_lanes(start, N, HALF: tl.constexpr, TAIL: tl.constexpr, ALIGN: tl.constexpr):
+    """A realigned row held as HALF + TAIL window positions (the fused kernels' one-row tiles of a row just
+    past a power of two; start: a scalar offset): (base, positions 0 .. HALF - 1 with their mask, positions
+    HALF .. HALF + TAIL - 1 with theirs, edge positions with their mask). The row's whole groups lie in
+    its first cdiv(N, ALIGN) * ALIGN positions (row_window), which HALF + TAIL covers (row_tail)."""
+    tl.static_assert(HALF % ALIGN == 0 and TAIL % ALIGN == 0, "the pieces must hold whole ALIGN-element groups")
+    base, shift, lo, hi, tail, end = row_window(start, N, ALIGN)
+    pos = tl.arange(0, HALF)
+    pos_t = HALF + tl.arange(0, TAIL)
+    pos_e, mask_e = edge_lanes(shift, lo, tail, end, True, True, ALIGN)
+    return base, pos, body_mask(pos, lo, hi, ALIGN), pos_t, body_mask(pos_t, lo, hi, ALIGN), pos_e, mask_e
+
+
+@triton.jit
 def owned(flag, mask):
     """``mask`` where the scalar ``flag`` holds, else all False (a select: the interpreter rejects
     the mask that ``flag & mask`` gives)."""
@@ -571,15 +585,18 @@ TAIL_MIN_BLOCK = 2048
 TAIL_MAX_SHARE = 64
 
 
-def row_tail(N: int, block_n: int) -> int:
+def row_tail(N: int, block_n: int, align: int = 1) -> int:
     """TAIL for the kernels that take it (fused): the power of two that, after the first block_n // 2
     elements, covers the rest of a row of N (N <= block_n // 2 + TAIL), when it is at most
     block_n // TAIL_MAX_SHARE and block_n at least TAIL_MIN_BLOCK; else 0 (the row held as one block_n
-    block). 16392 elements in a 32768 block: 8 (16384 + 8 elements held)."""
+    block). 16392 elements in a 32768 block: 8 (16384 + 8 elements held). ``align`` > 1 (ALIGN: a realigned
+    row, row_align): the window positions of its whole groups, cdiv(N, align) * align, are what the half
+    and the tail hold, and the tail is at least one group (16-bit 4100 in an 8192 block, align 8: 8)."""
     half = block_n // 2
+    held = triton.cdiv(N, align) * align
     if block_n < TAIL_MIN_BLOCK or N <= half:
         return 0
-    tail = next_power_of_2(N - half)
+    tail = max(next_power_of_2(held - half), align)
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
 
 
@@ -668,7 +685,7 @@ class PreparedLaunch:
             self.flags["VEC"] = row_vec(self.problem, *sizes)
         if "TAIL" in self.family.kernel.arg_names and "TAIL" not in self.flags:
             block_n = self.config["BLOCK_N"] if self.config is not None else next_power_of_2(self.problem.N)
-            self.flags["TAIL"] = row_tail(self.problem.N, block_n)
+            self.flags["TAIL"] = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1))
 
     def _kwargs_grid(self) -> tuple[dict[str, int], tuple]:
         """The config's launch keyword arguments and the grid they give."""
@@ -755,8 +772,9 @@ def family_launchers(family: Family, bwd_family: Family):
 
 
 def chunks(N: int, meta: dict) -> int:
-    """G: programs (chunks of TILES x BLOCK elements) per row for a split or coop config."""
-    return triton.cdiv(N, meta["BLOCK"] * meta["TILES"])
+    """G: programs (chunks of TILES x BLOCK elements) per row for a split, coop or smem config; a smem
+    config's LEAD adds to the row (its chunks start up to LEAD elements before it)."""
+    return triton.cdiv(N + meta.get("LEAD", 0), meta["BLOCK"] * meta["TILES"])
 
 
 def chunk_grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:

@@ -15,6 +15,7 @@ from ._common import (
     finish,
     grad_input,
     grad_term,
+    held_row_lanes,
     load_f32,
     load_scaled,
     row_offsets,
@@ -53,6 +54,21 @@ def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, s
     s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
     tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
     tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+
+
+@triton.jit
+def _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, mask, mask_t, mask_e, scale, LOG: tl.constexpr,
+                         ZERO_MASKED: tl.constexpr):
+    """Softmax of a realigned row held as three 1-D pieces (held_row_lanes: its first half, its tail and its
+    partial end groups) at x_ptr + base + pos* and y_ptr + base + pos* (masked lanes -inf)."""
+    z = load_scaled(x_ptr + base + pos, mask, scale)
+    z_t = load_scaled(x_ptr + base + pos_t, mask_t, scale)
+    z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
+    m = tl.maximum(tl.maximum(tl.max(z, axis=0), tl.max(z_t, axis=0)), tl.max(z_e, axis=0))
+    s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_t - m), axis=0) + tl.sum(exp(z_e - m), axis=0)
+    tl.store(y_ptr + base + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + base + pos_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
+    tl.store(y_ptr + base + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
 
 
 @triton.jit
@@ -99,12 +115,18 @@ def _fused_fwd_tile(
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
-        # its whole ALIGN-element groups, then its two partial end groups (x and y share one layout,
-        # unit column stride: see row_align). The row's bounds stay scalars, which keeps a 32-warp
-        # program of 16384 16-bit elements at 32 registers a thread (44 as [1]-tensors, sm_90).
-        base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(tile, INNER, stride_x_outer, stride_x_inner), N,
-                                                         BLOCK_N, ALIGN)
-        _softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
+        # its whole ALIGN-element groups (in BLOCK_N positions, or BLOCK_N // 2 + TAIL), then its two
+        # partial end groups (x and y share one layout, unit column stride: see row_align). The row's
+        # bounds stay scalars, which keeps a 32-warp program of 16384 16-bit elements at 32 registers
+        # a thread (44 as [1]-tensors, sm_90).
+        start = row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
+        if TAIL == 0:
+            base, pos, mask, pos_e, mask_e = whole_row_lanes(start, N, BLOCK_N, ALIGN)
+            _softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
+        else:
+            base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(start, N, BLOCK_N // 2, TAIL, ALIGN)
+            _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, mask, mask_t, mask_e, scale, LOG,
+                                 ZERO_MASKED)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -138,7 +160,8 @@ def _softmax_fused_fwd_kernel(
     for 100 bf16). TAIL: 0, or a power of two with N <= BLOCK_N // 2 + TAIL (_common.row_tail): a one-row
     tile on the plain path (ROWS == 1, ALIGN == 1) then holds the row as its first BLOCK_N // 2 elements
     plus a TAIL-element block, so a row just past a power of two (16392 fp32) takes registers for
-    16384 + 8 elements, not 32768; several-row tiles and the realigned path ignore it.
+    16384 + 8 elements, not 32768; a realigned one-row tile (ALIGN > 1) holds its whole groups in
+    BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); several-row tiles ignore it.
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -198,7 +221,7 @@ def _softmax_fused_bwd_kernel(
         dx = grad_input(dy, y, red, scale, LOG)
         d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:
+    elif TAIL == 0:
         base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N,
                                                          BLOCK_N, ALIGN)
         dy = load_f32(dy_ptr + base + pos, mask)
@@ -209,6 +232,18 @@ def _softmax_fused_bwd_kernel(
         tl.store(dx_ptr + base + pos, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + base + pos_e, grad_input(dy_e, y_e, red, scale, LOG).to(dx_ptr.dtype.element_ty),
                  mask=mask_e)
+    else:
+        base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(
+            row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N, BLOCK_N // 2, TAIL, ALIGN)
+        dy, y = load_f32(dy_ptr + base + pos, mask), load_f32(y_ptr + base + pos, mask)
+        dy_t, y_t = load_f32(dy_ptr + base + pos_t, mask_t), load_f32(y_ptr + base + pos_t, mask_t)
+        dy_e, y_e = load_f32(dy_ptr + base + pos_e, mask_e), load_f32(y_ptr + base + pos_e, mask_e)
+        red = (tl.sum(grad_term(dy, y, LOG), axis=0) + tl.sum(grad_term(dy_t, y_t, LOG), axis=0)
+               + tl.sum(grad_term(dy_e, y_e, LOG), axis=0))
+        out_ty = dx_ptr.dtype.element_ty
+        tl.store(dx_ptr + base + pos, grad_input(dy, y, red, scale, LOG).to(out_ty), mask=mask)
+        tl.store(dx_ptr + base + pos_t, grad_input(dy_t, y_t, red, scale, LOG).to(out_ty), mask=mask_t)
+        tl.store(dx_ptr + base + pos_e, grad_input(dy_e, y_e, red, scale, LOG).to(out_ty), mask=mask_e)
 
 
 def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,

@@ -66,15 +66,41 @@ CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
 BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
 CAPPED_WARPS = 4  # configs of this many warps get REGISTER_CAP (register_capped)
 REGISTER_CAP = 64  # registers a thread: 8 four-warp programs an SM by registers (65536 / (128 x 64))
+LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
 
 @gluon.jit
-def _in_row(z, cols, n_vec, MASKED: gl.constexpr):
-    """``z`` with MASKED, lanes at or past the row's end (``n_vec``) -inf; applied after the scale,
-    so that a negative or zero scale cannot turn the masked lanes into +inf or NaN."""
+def _row_lanes(cols, n_vec, LEAD: gl.constexpr):
+    """The lanes at row positions ``cols`` that lie in the row: cols < n_vec, and with LEAD (a chunk
+    window that starts before the row, _line_lead) also cols >= 0."""
+    if LEAD > 0:
+        inside = (cols >= 0) & (cols < n_vec)
+    else:
+        inside = cols < n_vec
+    return inside
+
+
+@gluon.jit
+def _line_lead(row_ptr, LEAD: gl.constexpr, VEC: gl.constexpr):
+    """Elements between the line of LEAD + VEC elements (line_lead: LINE_BYTES) that holds the row's first
+    element and that element (0 without LEAD): a multiple of VEC, at most LEAD (row_ptr is 16-byte aligned,
+    VEC elements a 16-byte vector). A program whose chunk window starts that far before its chunk reads and
+    writes whole lines."""
+    if LEAD > 0:
+        gl.static_assert((LEAD // VEC + 1) & (LEAD // VEC) == 0, "a line must be a power of two of vectors")
+        lead = ((row_ptr.to(gl.int64) >> 4) & (LEAD // VEC)).to(gl.int32) * VEC
+    else:
+        lead = 0
+    return lead
+
+
+@gluon.jit
+def _in_row(z, cols, n_vec, MASKED: gl.constexpr, LEAD: gl.constexpr):
+    """``z`` with MASKED, lanes outside the row (_row_lanes) -inf; applied after the scale, so that a
+    negative or zero scale cannot turn the masked lanes into +inf or NaN."""
     if MASKED:
-        z = gl.where(cols < n_vec, z, float("-inf"))
+        z = gl.where(_row_lanes(cols, n_vec, LEAD), z, float("-inf"))
     return z
 
 
@@ -97,10 +123,10 @@ def _max_of_flipped(a, b, flip):
 
 @gluon.jit
 def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
-                   MASKED: gl.constexpr, layout: gl.constexpr):
+                   MASKED: gl.constexpr, LEAD: gl.constexpr, layout: gl.constexpr):
     """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
-    waiting for each copy group in turn. MASKED: the chunk runs past the row's end (those lanes
-    hold the copy's zero fill).
+    waiting for each copy group in turn. MASKED: the chunk's window runs past the row's end or (LEAD)
+    starts before the row (those lanes hold the copy's zero fill).
     m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
     the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
     so the first pass costs a 16-bit element neither a conversion nor a multiply (H200,
@@ -117,23 +143,24 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
         cp.wait_group(TILES - 1 - t)
         v = buf.index(t).load(layout)
         if MASKED:
-            v = gl.where(first + t * BLOCK + offs < n_vec, v, hole)
+            v = gl.where(_row_lanes(first + t * BLOCK + offs, n_vec, LEAD), v, hole)
         ev = _max_of_flipped(ev, v, flip)
     m = gl.max(ev.to(gl.float32), 0) * gl.abs(scale)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
         v = buf.index(t).load(layout).to(gl.float32)
-        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED))
+        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED, LEAD))
     return m, gl.sum(sv, 0)
 
 
 @gluon.jit
 def _ticket_chunk(sync_ptr, M, N, TILES: gl.constexpr, BLOCK: gl.constexpr, PHASE: gl.constexpr,
-                  RESIDENT: gl.constexpr):
-    """(G, ticket, row, chunk): the programs a row has (chunks of TILES x BLOCK), this program's
-    ticket (coop.take_ticket), and the row and the chunk of it that the ticket names."""
-    G = (N + TILES * BLOCK - 1) // (TILES * BLOCK)
+                  RESIDENT: gl.constexpr, LEAD: gl.constexpr):
+    """(G, ticket, row, chunk): the programs a row has (chunks of TILES x BLOCK covering LEAD + N
+    elements: _common.chunks), this program's ticket (coop.take_ticket), and the row and the chunk of
+    it that the ticket names."""
+    G = (N + LEAD + TILES * BLOCK - 1) // (TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
     return G, ticket, ticket // G, ticket % G
 
@@ -146,9 +173,9 @@ def _softmax_smem_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
 ):
-    """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating,
+    """Softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row cooperating,
     each holding its chunk in shared memory.
 
     x_ptr, y_ptr: input and output, 16-byte aligned, unit column strides (stride_x_col and
@@ -158,7 +185,9 @@ def _softmax_smem_fwd_kernel(
     kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
     memory (TILES x BLOCK x the input's element size bytes). HINTS: the output stores are marked
-    evict_first.
+    evict_first. LEAD: 0, or LINE_BYTES less one 16-byte vector in elements (line_lead): each row's
+    chunks then start on the 128-byte line that holds its first element (_line_lead elements before it,
+    masked), so every copy and store of the row covers whole lines, whatever its start.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
     elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
@@ -169,7 +198,7 @@ def _softmax_smem_fwd_kernel(
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT)
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT, LEAD)
     # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
     # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
     n_vec = (N // VEC) * VEC
@@ -177,16 +206,20 @@ def _softmax_smem_fwd_kernel(
     y_row = y_ptr + row_offsets(row, INNER, (stride_y_outer // VEC_Y) * VEC_Y, (stride_y_inner // VEC_Y) * VEC_Y)
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
-    first = chunk * (TILES * BLOCK)
+    first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(buf.index(t), x_row + cols, mask=cols < n_vec)
+        _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
         cp.commit_group()
     if PHASE != 2:
-        if first + TILES * BLOCK <= n_vec:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, tile_layout)
+        if LEAD > 0:
+            whole = (first >= 0) & (first + TILES * BLOCK <= n_vec)
         else:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, tile_layout)
+            whole = first + TILES * BLOCK <= n_vec
+        if whole:
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, LEAD, tile_layout)
+        else:
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, LEAD, tile_layout)
     else:
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
@@ -205,7 +238,7 @@ def _softmax_smem_fwd_kernel(
                 y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
-            store_out(y_row + cols, y, cols < n_vec, DROP if HINTS else 0)
+            store_out(y_row + cols, y, _row_lanes(cols, n_vec, LEAD), DROP if HINTS else 0)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -216,9 +249,9 @@ def _softmax_smem_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0,
+    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
 ):
-    """dx of softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row
+    """dx of softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row
     cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
     grad_term(dy, y) over the chunk, the row's partial sums meet through coop's exchange
     (exchange_sum), and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
@@ -229,24 +262,24 @@ def _softmax_smem_bwd_kernel(
     scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
     word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
-    HINTS: dx stores marked evict_first."""
+    HINTS: dx stores marked evict_first. LEAD: as in the forward (the lines of dy's rows)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT)
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT, LEAD)
     n_vec = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
     g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
     d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
     dyb = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     yb = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
-    first = chunk * (TILES * BLOCK)
+    first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=cols < n_vec)
-        _async_load(yb.index(t), y_ptr + g_row + cols, mask=cols < n_vec)
+        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        _async_load(yb.index(t), y_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
         cp.commit_group()
     if PHASE != 2:
         acc = gl.zeros([BLOCK], gl.float32, tile_layout)
@@ -266,7 +299,8 @@ def _softmax_smem_bwd_kernel(
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
-            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), cols < n_vec, DROP if HINTS else 0)
+            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), _row_lanes(cols, n_vec, LEAD),
+                      DROP if HINTS else 0)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -323,11 +357,25 @@ def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.fl
     return coop.shape_config(device, N, 2048, 4, min_tiles=CHUNK // 2048)
 
 
-def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceInfo) -> LaunchConfig:
+def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -> tuple[int, int, dict]:
+    """(elements allocated a row, chunks, meta to change) of the fewest-allocating of: ``config`` as it is
+    over ``need`` elements, and ``need`` cut into G or G + 1 chunks (G: the config's count) of ``block``
+    copy groups. Ties keep the earlier."""
+    g0 = chunks(need, dict(config.meta))
+    best = (g0 * config["TILES"] * config["BLOCK"], g0, {})
+    for g in (g0, g0 + 1):
+        cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(need, g), block)}
+        if g <= coop.max_chunks(device) and chunks(need, cut) == g and g * cut["TILES"] * block < best[0]:
+            best = (g * cut["TILES"] * block, g, cut)
+    return best
+
+
+def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceInfo, lead: int = 0) -> LaunchConfig:
     """``config`` (sized on the N bucket) with a row of exactly N elements cut into even chunks, when that
     takes less shared memory a row: G or G + 1 chunks (G = the config's chunk count at N) of the fewest
     BALANCE_BLOCK copy groups (or the narrowest group its warps can copy in 16-byte vectors) that cover
-    the row, whichever allocates fewer elements. Else the config as it is.
+    the row, whichever allocates fewer elements. Else the config as it is. ``lead`` (line_lead, rows off
+    128-byte lines): the same over lead + N elements, with LEAD = lead, when that allocates no more.
 
     A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
     past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
@@ -341,16 +389,24 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     bf16 40960/73728 forward and 50264 backward (the g0 lines of probe89-run2.log). Rows that chunks fill
     (65536, every power of two) keep their config."""
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
-    g0 = chunks(N, dict(config.meta))
-    allocated, best = g0 * config["TILES"] * config["BLOCK"], None
-    for g in (g0, g0 + 1):
-        cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(N, g), block)}
-        if g <= coop.max_chunks(device) and chunks(N, cut) == g and g * cut["TILES"] * block < allocated:
-            allocated, best = g * cut["TILES"] * block, (g, cut)
-    if best is None:
+    allocated, g, cut = _even_cut(config, N, block, device)
+    if lead:
+        led = _even_cut(config, N + lead, block, device)
+        if led[0] <= allocated and led[1] <= coop.max_chunks(device):
+            allocated, g, cut = led
+            cut = {**cut, "LEAD": lead}
+    if not cut:
         return config
-    g, cut = best
     return config.with_meta(**cut, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
+
+
+def line_lead(problem: RowProblem, itemsize: int) -> int:
+    """LEAD for a launch the dispatcher chose: LINE_BYTES less one 16-byte vector, in input elements
+    (``itemsize`` bytes), when some input row of ``problem`` starts off a LINE_BYTES line, else 0 (row
+    starts are counted from the base pointer, which torch's allocations place on a line)."""
+    if all(s * itemsize % LINE_BYTES == 0 for s in (problem.x.outer, problem.x.inner)):
+        return 0
+    return (LINE_BYTES - ALIGN_BYTES) // itemsize
 
 
 def register_capped(config: LaunchConfig) -> LaunchConfig:
@@ -409,8 +465,9 @@ class SmemLaunch(CoopLaunch):
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
         if chosen:  # sized on the N bucket: cut to this N, registers capped
+            itemsize = problem.dtype.itemsize
             config = register_capped(balanced_config(config or family.default_config(device, problem), problem.N,
-                                                     problem.dtype.itemsize, device))
+                                                     itemsize, device, line_lead(problem, itemsize)))
         super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
