@@ -43,12 +43,15 @@ def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
 
 
 def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
-    """16392 fp32 (backward) is held as 16384 + 8 elements (row_tail), like a 16384 row; a tail over 1/64
-    of the 32768 block, rows off 16 bytes (the realigned path has no tail) and few rows stay with coop."""
+    """16392 fp32 (backward) is held as 16384 + 8 elements (row_tail), like a 16384 row, and so is 16385 off
+    16 bytes (its whole groups in 16388 positions); a tail over 1/64 of the 32768 block and few rows stay
+    with coop."""
     assert dispatch.choose(4096, 16392, torch.float32, SM90, backward=True).impl == "fused"
     assert dispatch.choose(4096, 16896, torch.float32, SM90, backward=True).impl == "fused", "a tail of 512"
     assert dispatch.choose(4096, 16904, torch.float32, SM90, backward=True).impl == "coop", "a tail of 1024"
-    assert dispatch.choose(4096, 16385, torch.float32, SM90, backward=True, aligned=False).impl == "coop"
+    assert dispatch.choose(4096, 16385, torch.float32, SM90, backward=True, aligned=False).impl == "fused"
+    assert dispatch.choose(4096, 16897, torch.float32, SM90, backward=True, aligned=False).impl == "coop", \
+        "off 16 bytes, 16900 positions: a tail of 1024"
     assert dispatch.choose(263, 16392, torch.float32, SM90, backward=True).impl == "coop", "few rows"
     assert dispatch.choose(264, 16392, torch.float32, SM90, backward=True).impl == "fused"
 
@@ -66,20 +69,26 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
             c = held(4096, N, backward)
             assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
             assert dispatch.choose(4096, N, dtype, SM90, backward).impl == "fused", (N, backward)
+    for N, warps in ((16388, 16), (8196, 8), (4100, 4)):  # off 16 bytes: the realigned path's tail
+        for backward in (False, True):
+            c = held(4096, N, backward, aligned=False)
+            assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
+            assert dispatch.choose(4096, N, dtype, SM90, backward, aligned=False).impl == "fused", (N, backward)
     for M, N, aligned, why in ((4096, 16384, True, "fills its block"), (4096, 16904, True, "a tail of 1024"),
-                               (4096, 16392, False, "realigned rows take no tail"), (263, 16392, True, "few rows"),
+                               (4096, 16900, False, "16904 positions: a tail of 1024"), (263, 16392, True, "few rows"),
                                (4096, 32776, True, "held half beyond fused_capacity"),
                                (4096, 2056, True, "held 2048: not measured")):
         assert held(M, N, aligned=aligned) is None, why
     assert held(4096, 16392, device=GFX942) is None, "measured on the H200 only"
     if dtype != torch.float32:
         assert dispatch.choose(4096, 16904, dtype, SM90).impl == "smem", "no tail: smem's one chunk"
-        assert dispatch.choose(4096, 16392, dtype, SM90, aligned=False).impl == "online"
+        assert dispatch.choose(4096, 20000, dtype, SM90, aligned=False).impl == "online", "no tail: online"
 
 
 def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):
     """On an H200 (the shipped sm_90 table), bf16 4096x16392 runs fused with 16 warps, one row a program, though
-    the 32K bucket's entry is a pipelined 32-warp config; a row that fills its block keeps the entry."""
+    the 32K bucket's entry is a pipelined 32-warp config (on rows off 16 bytes too); a row that fills its block,
+    or has no small tail, keeps the entry."""
     monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
     dispatch.clear_cache()
     try:
@@ -90,7 +99,9 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
         entry = dispatch.stored(SM90, fused.FAMILY, torch.bfloat16, 32768, 4096)
         assert entry is not None and full.config == entry.config != p.config
         off = dispatch.plan("fused", 4096, 16392, torch.bfloat16, torch.bfloat16, dev, aligned=False)
-        assert off.config == entry.config, "realigned rows hold the whole block"
+        assert off.config == p.config, "realigned rows are held with a tail too"
+        whole = dispatch.plan("fused", 4096, 20000, torch.bfloat16, torch.bfloat16, dev, aligned=False)
+        assert whole.config == entry.config, "a realigned row without a tail holds the whole block"
     finally:
         dispatch.clear_cache()
 
@@ -297,10 +308,12 @@ def test_device_names_and_warp_sizes():
 
 @pytest.mark.parametrize("N,fp32,bf16", [
     (4097, "fused", "fused"), (8193, "fused", "fused"), (12345, "fused", "fused"), (16383, "fused", "fused"),
-    (16385, "fused", "online"), (32767, "fused", "online"), (32769, "coop", "online"), (65537, "coop", "coop")])
+    (16385, "fused", "fused"), (20001, "fused", "online"), (32767, "fused", "online"), (32769, "coop", "online"),
+    (65537, "coop", "coop")])
 def test_many_16bit_rows_off_16_bytes_leave_fused_in_the_32k_bucket(N, fp32, bf16):
     """Rows that start off 16 bytes run realigned; in the 32K bucket the realigned online beats the
-    realigned fused kernel for 16-bit rows (H200 session7-probes/probe16.log)."""
+    realigned fused kernel for 16-bit rows (H200 session7-probes/probe16.log), save rows just past 16K that
+    fused holds as half a block plus a tail (session22-probes/probe93.log)."""
     assert dispatch.choose(4096, N, torch.float32, SM90, aligned=False).impl == fp32
     assert dispatch.choose(4096, N, torch.bfloat16, SM90, aligned=False).impl == bf16
     assert dispatch.choose(4096, N, torch.float16, SM90, aligned=False).impl == bf16

@@ -457,10 +457,10 @@ def test_rows_off_lines_start_their_chunks_on_lines(dtype, N, lead, scale, log):
     zero fill: a row whose values all fall below 0 after the scale, maxima in a row's first and last
     element and a -inf row (zero_masked_rows) must come out as float64 has them; forward and backward."""
     M = 64
-    x = random_input((M, N), torch.float32, DEVICE, seed=N) * 4
-    x[0, 0] = 60.0 * scale  # the max in the first element
-    x[1, -1] = 60.0 * scale
-    x[2] = -(x[2].abs() + 1.0) * scale  # every value below 0 after the scale: a zero-filled lane would win
+    x = random_input((M, N), torch.float32, DEVICE, scale=1.0, seed=N)
+    x[0, 0] = 40.0 / scale  # 40 after the scale: the row's max, in its first element
+    x[1, -1] = 40.0 / scale
+    x[2] = -(x[2].abs() + 1.0) / scale  # every value below 0 after the scale: a zero-filled lane would win
     x[3] = float("-inf") if scale > 0 else float("inf")  # -inf after the scale
     x = x.to(dtype)
     y = poisoned_like(x)

@@ -17,7 +17,7 @@ from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
 from .kernels._common import heuristic_warps, row_tail
-from .layout import whole_vectors
+from .layout import ALIGN_BYTES, whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
 
@@ -68,7 +68,9 @@ ONLINE_16BIT_MAX_N = 65536
 # 12345/16383 fused 3896/3926 GB/s against coop 3219/3522; bf16 fused 2877/3413 against online
 # 2356/2980), but in the 32K bucket 16-bit rows run faster through online: bf16 20001/32767
 # online 2686/3094 against fused 2116/2878, fp16 2829/3180 against 2248/3030 (fp32 stays fused:
-# 32767 3996 against online 3240).
+# 32767 3996 against online 3240). Rows just past 16K that fused holds as half a block plus a tail
+# (fused_held) stay fused: bf16 4096x16388 3651 against online's 2738, fp16 3594 / 2872
+# (session22-probes/probe93.log).
 OFF_ALIGN_ONLINE_BUCKET = 32768
 # Many rows longer than this go to the smem family (coop's launch, each chunk held in shared memory
 # in the input dtype) when their layout lets it copy 16-byte vectors (smem_takes). H200, session 10
@@ -142,7 +144,12 @@ SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 # against 4214). The one loss: fp32 4096x16392 forward 4026 against 4048 (-0.5 %). Against smem
 # (probe85.log): bf16 4096x8200 forward 3824 against 2430, 16384x8200 4133 / 2624, backward 4021 / 3486
 # and 4303 / 3814 (fp16 alike); 4096x16896 (tail 512) 3668 / 2609. 16904 (no tail) stays with smem:
-# fused's whole 32K block ran 2021 against smem's 2565.
+# fused's whole 32K block ran 2021 against smem's 2565. Rows off 16 bytes are held the same way since
+# session 22 (the realigned path takes TAIL; session22-probes/probe93.log, auto's config with the tail
+# against without, then the held config): forward bf16 16384x4100 4057 against 2862, 16384x8196 4110 (held,
+# 8 warps) against 2300 (32 warps, no tail), 4096x16388 3651 against online's 2738; backward bf16 16384x4100
+# 4202 / 3743, 16384x8196 4230 / 2639; fp32 4096x16385 forward 4067 / 3092, backward 4259 against coop's
+# 3958. fp32 16384x4097 is level (4108 against 4168 forward without the tail, 4290 / 4306 backward).
 # Blocks of 8192 and up (held 4096 + tail): smaller held rows were not measured with this config.
 HELD_VALUES_PER_THREAD = 32
 HELD_MIN_BLOCK = 8192
@@ -187,12 +194,14 @@ def few_rows(s: Shape) -> bool:
 
 def fused_held(s: Shape) -> int:
     """The elements a one-row fused tile holds for these rows (less its small tail): half the block when
-    the kernel holds the row as half a block plus a tail (kernels/_common.row_tail; rows on 16-byte
-    boundaries, which the realigned path, ignoring TAIL, does not take), else the whole block. H200, kernel
-    time: fp32 4096x16392 backward, held as 16384 + 8, fused 4205 GB/s against coop's 4039
-    (session19-probes/probe82.log), 4241 against 4041 in the 'even' sweep (sweep-even-bwd-kernel-s19b)."""
+    the kernel holds the row as half a block plus a tail (kernels/_common.row_tail; rows off 16-byte
+    boundaries count their whole 16-byte groups, as the realigned path holds them), else the whole block.
+    H200, kernel time: fp32 4096x16392 backward, held as 16384 + 8, fused 4205 GB/s against coop's 4039
+    (session19-probes/probe82.log), 4241 against 4041 in the 'even' sweep (sweep-even-bwd-kernel-s19b);
+    rows off 16 bytes (session22-probes/probe93.log): fp32 4096x16385 backward 4259 against coop's 3958."""
     block = next_power_of_2(s.N)
-    return block // 2 if s.aligned and row_tail(s.N, block) else block
+    align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize
+    return block // 2 if row_tail(s.N, block, align) else block
 
 
 def held_row_config(s: Shape) -> LaunchConfig | None:
@@ -298,13 +307,15 @@ class Rule:
 
 
 def realigned_16bit_32k_rows(s: Shape) -> bool:
-    """Many 16-bit rows (forward, CUDA) that start off 16 bytes, in the OFF_ALIGN_ONLINE_BUCKET bucket."""
+    """Many 16-bit rows (forward, CUDA) that start off 16 bytes, in the OFF_ALIGN_ONLINE_BUCKET bucket, save
+    those fused holds as half a block plus a tail (held_row_config)."""
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
-            and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET)
+            and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None)
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward): realigned online beats fused",
+    Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward; not those fused holds with a "
+         "small tail): realigned online beats fused",
          realigned_16bit_32k_rows),
     Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K; forward 8K-16K from 7 rows an SM) on 16-byte "
          "boundaries: one program a row holds it in shared memory in its dtype, with nothing to exchange",
