@@ -28,7 +28,7 @@ def test_fused_capacity_follows_register_file():
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "fused", "fused", "fused"),
     (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "fused", "fused"),
-    (16392, "fused", "fused", "fused", "fused"), (16904, "fused", "smem", "coop", "fused"),
+    (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "fused"),
     (32768, "fused", "smem", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
@@ -59,7 +59,8 @@ def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     """Many aligned rows just past a power of two (row_tail) run fused with one row a program and warps for
-    32 values a thread of the held half, not the bucket's entry; 16-bit rows of 8200 and 16392 leave smem."""
+    32 values a thread of the held half, not the bucket's entry; 16-bit rows of 8200 leave smem's one-chunk
+    rule, and 16-bit rows of 16392 and 16896 run smem (smem_held_32k_rows, probe96)."""
 
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
@@ -68,7 +69,8 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
         for backward in (False, True):
             c = held(4096, N, backward)
             assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
-            assert dispatch.choose(4096, N, dtype, SM90, backward).impl == "fused", (N, backward)
+            want = "smem" if N > 16384 and dtype != torch.float32 else "fused"
+            assert dispatch.choose(4096, N, dtype, SM90, backward).impl == want, (N, backward)
     for N, warps in ((16388, 16), (8196, 8), (4100, 4)):  # off 16 bytes: the realigned path's tail
         for backward in (False, True):
             c = held(4096, N, backward, aligned=False)
@@ -86,15 +88,16 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
 
 
 def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):
-    """On an H200 (the shipped sm_90 table), bf16 4096x16392 runs fused with 16 warps, one row a program, though
+    """On an H200 (the shipped sm_90 table), bf16 4096x16392 through fused runs 16 warps, one row a program, though
     the 32K bucket's entry is a pipelined 32-warp config (on rows off 16 bytes too); a row that fills its block,
     or has no small tail, keeps the entry."""
     monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
     dispatch.clear_cache()
     try:
         dev = torch.device("cpu")
-        p = dispatch.plan("auto", 4096, 16392, torch.bfloat16, torch.bfloat16, dev)
+        p = dispatch.plan("fused", 4096, 16392, torch.bfloat16, torch.bfloat16, dev)
         assert (p.impl, p.config, p.from_store) == ("fused", LaunchConfig.make(16, BLOCK_N=32768, ROWS=1), True)
+        assert dispatch.plan("auto", 4096, 16392, torch.bfloat16, torch.bfloat16, dev).impl == "smem"
         full = dispatch.plan("fused", 4096, 32768, torch.bfloat16, torch.bfloat16, dev)
         entry = dispatch.stored(SM90, fused.FAMILY, torch.bfloat16, 32768, 4096)
         assert entry is not None and full.config == entry.config != p.config

@@ -602,6 +602,24 @@ def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, f
     assert ((got - ref).abs() <= 1e-3 + 2.0 ** -7 * ref.abs()).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("N", [16392, 16896])
+def test_auto_runs_many_16bit_rows_just_past_16k_through_smem(N, dtype):
+    """Rows fused would hold as half a block plus a tail run smem both ways (smem_held_32k_rows): one
+    balanced chunk forward, two backward, each starting on a line (16392; 16896 rows lie on lines)."""
+    M = 1024
+    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
+    for backward in (False, True):
+        p = dispatch.plan("auto", M, N, dtype, dtype, x.device, backward=backward)
+        assert p.impl == "smem", backward
+    y = tritonsoftmax.softmax(x)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    y.backward(dy)
+    assert_grad_close(x.grad, dy, y.detach())
+
+
 def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log: bool = False):
     x = random_input((M, N), torch.float32, DEVICE, seed=seed)
     y = (torch.log_softmax if log else torch.softmax)(x, -1).to(dtype)

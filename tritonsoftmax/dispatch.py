@@ -153,6 +153,14 @@ SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 # Blocks of 8192 and up (held 4096 + tail): smaller held rows were not measured with this config.
 HELD_VALUES_PER_THREAD = 32
 HELD_MIN_BLOCK = 8192
+# 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
+# chunks to the row and starts them on 128-byte lines (kernels/smem.balanced_config), which the session-20
+# comparison above predates. H200, kernel time, GB/s, auto (fused held) against smem's heuristic config as a
+# launch cuts it (session22-probes/probe96.log): forward bf16 4096x16392 3705 / 3783 (one chunk of 9 x 2048),
+# fp16 3657 / 3838, bf16 4096x16896 3680 / 3847; backward (two chunks of 9K) bf16 4096x16392 3792 / 3925, fp16
+# 3825 / 3953, bf16 4096x16896 2850 / 3974. In the 16K bucket fused stays ahead (bf16 4096x8200 forward
+# 3788 / 3604, fp16 16384x8200 4118 / 4063, backward 4004 / 3955 and 4281 / 4262).
+SMEM_HELD_BUCKET = 32768
 
 # Few 16-bit rows of at most COOP_BWD_16BIT_CHUNKS_PER_SM x COOP_CHUNK elements an SM (backward) run
 # coop's backward rather than smem's when coop-bwd has a tuned config for the shape: its tuned configs
@@ -266,8 +274,16 @@ def smem_one_chunk_rows(s: Shape) -> bool:
     if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
         return False  # forward 16K-bucket rows, too few of them: fused
     if held_row_config(s) is not None:
-        return False  # rows fused holds as half a block plus a small tail: fused (HELD_VALUES_PER_THREAD)
+        return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
     return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
+
+
+def smem_held_32k_rows(s: Shape) -> bool:
+    """Many 16-bit rows of the 32K bucket that fused would hold as half a block plus a small tail
+    (held_row_config) and smem can copy, forward and backward: smem cuts its chunks to the row
+    (SMEM_HELD_BUCKET)."""
+    return (s.dtype.itemsize <= 2 and n_bucket(s.N) == SMEM_HELD_BUCKET and held_row_config(s) is not None
+            and smem_copies(s))
 
 
 def smem_few_fp32_rows(s: Shape) -> bool:
@@ -320,6 +336,8 @@ RULES: tuple[Rule, ...] = (
     Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K; forward 8K-16K from 7 rows an SM) on 16-byte "
          "boundaries: one program a row holds it in shared memory in its dtype, with nothing to exchange",
          smem_one_chunk_rows),
+    Rule("smem", "many 16-bit rows just past 16K on 16-byte boundaries that fused would hold as half a block plus a "
+         "small tail: smem's chunks cut to the row", smem_held_32k_rows),
     Rule("fused", "the whole row fits in registers",
          lambda s: next_power_of_2(s.N) <= fused_capacity(s.device)),
     Rule("fused", "many rows, each fits in registers with one program an SM (forward, 16-bit backward)",
