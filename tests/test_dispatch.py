@@ -65,13 +65,13 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
 
-    for N, warps in ((16392, 16), (16896, 16), (8200, 8), (4104, 4)):
+    for N, warps in ((16392, 16), (16896, 16), (8200, 8), (4104, 4), (2056, 2), (2112, 2)):
         for backward in (False, True):
             c = held(4096, N, backward)
             assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
             want = "smem" if N > 16384 and dtype != torch.float32 else "fused"
             assert dispatch.choose(4096, N, dtype, SM90, backward).impl == want, (N, backward)
-    for N, warps in ((16388, 16), (8196, 8), (4100, 4)):  # off 16 bytes: the realigned path's tail
+    for N, warps in ((16388, 16), (8196, 8), (4100, 4), (2100, 2)):  # off 16 bytes: the realigned path's tail
         for backward in (False, True):
             c = held(4096, N, backward, aligned=False)
             assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
@@ -79,7 +79,8 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     for M, N, aligned, why in ((4096, 16384, True, "fills its block"), (4096, 16904, True, "a tail of 1024"),
                                (4096, 16900, False, "16904 positions: a tail of 1024"), (263, 16392, True, "few rows"),
                                (4096, 32776, True, "held half beyond fused_capacity"),
-                               (4096, 2056, True, "held 2048: not measured")):
+                               (4096, 2113, True, "a tail of 128: past 1/64 of 4096"),
+                               (4096, 1030, True, "held 1024: not measured")):
         assert held(M, N, aligned=aligned) is None, why
     assert held(4096, 16392, device=GFX942) is None, "measured on the H200 only"
     if dtype != torch.float32:

@@ -150,9 +150,13 @@ SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 # 8 warps) against 2300 (32 warps, no tail), 4096x16388 3651 against online's 2738; backward bf16 16384x4100
 # 4202 / 3743, 16384x8196 4230 / 2639; fp32 4096x16385 forward 4067 / 3092, backward 4259 against coop's
 # 3958. fp32 16384x4097 is level (4108 against 4168 forward without the tail, 4290 / 4306 backward).
-# Blocks of 8192 and up (held 4096 + tail): smaller held rows were not measured with this config.
+# Blocks of 4096 and up (held 2048 + tail, 2 warps) since session 22 (session22-probes/probe94.log, probe100.log,
+# auto against one row of 2 warps, kernel time, GB/s): forward bf16 65536x2052 3074 / 4179, 65536x2100 3113 / 4164,
+# 16384x2056 2971 / 3896 (the 4K bucket's bf16 entry is a two-row 8-warp config), fp16 16384x2100 3673 / 3873;
+# backward fp16 16384x2100 3816 / 4031, 65536x2060 4180 / 4333; fp32 and the rest within 0.7 % (fp32 65536x2049
+# forward 4179 / 4151). Smaller blocks were not measured with this config.
 HELD_VALUES_PER_THREAD = 32
-HELD_MIN_BLOCK = 8192
+HELD_MIN_BLOCK = 4096
 # 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
 # chunks to the row and starts them on 128-byte lines (kernels/smem.balanced_config), which the session-20
 # comparison above predates. H200, kernel time, GB/s, auto (fused held) against smem's heuristic config as a
