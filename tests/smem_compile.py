@@ -6,10 +6,11 @@ Gluon kernel calls are interpreter objects that Gluon cannot compile).
 
 Each case: the kernel ("fwd", or "bwd": dy and y of the input dtype, dx of the output dtype), input
 dtype, output dtype, constexprs of a config, num_warps, flags, and optionally launch options
-(e.g. {"maxnreg": 64}). Prints a list of {"ptx": ..., "shared": ...}; N and the strides carry no
-divisibility hint (the kernel must know its vectors without one); pointers are 16-byte aligned, as a
-launch on aligned rows gets them."""
+(e.g. {"maxnreg": 64}); constexprs not given take the kernel's defaults (PHASE: 0). Prints a list of
+{"ptx": ..., "shared": ...}; N and the strides carry no divisibility hint (the kernel must know its
+vectors without one); pointers are 16-byte aligned, as a launch on aligned rows gets them."""
 
+import inspect
 import json
 import os
 import sys
@@ -47,7 +48,9 @@ def compile_case(which: str, dtype: str, out_dtype: str, meta: dict, num_warps: 
             sig[name] = "i32"
         else:
             sig[name] = "constexpr"
-    const.update({**defaults, "PHASE": 0, "HINTS": 1, "RESIDENT": 0, "LEAD": 0, **meta, **flags})
+    kernel_defaults = {p.name: p.default for p in kernel.params
+                       if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    const.update({**kernel_defaults, **defaults, "PHASE": 0, **meta, **flags})
     options = {"num_warps": num_warps, "num_stages": 1, "enable_fp_fusion": True, **(options or {})}
     compiled = triton.compile(GluonASTSource(kernel, sig, const, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)

@@ -400,10 +400,11 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     return config.with_meta(**cut, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
 
 
-def line_lead(problem: RowProblem, itemsize: int) -> int:
-    """LEAD for a launch the dispatcher chose: LINE_BYTES less one 16-byte vector, in input elements
-    (``itemsize`` bytes), when some input row of ``problem`` starts off a LINE_BYTES line, else 0 (row
-    starts are counted from the base pointer, which torch's allocations place on a line)."""
+def line_lead(problem: RowProblem) -> int:
+    """LEAD for a launch the dispatcher chose: LINE_BYTES less one 16-byte vector, in input elements, when
+    some input row of ``problem`` starts off a LINE_BYTES line, else 0 (row starts are counted from the
+    base pointer, which torch's allocations place on a line)."""
+    itemsize = problem.dtype.itemsize
     if all(s * itemsize % LINE_BYTES == 0 for s in (problem.x.outer, problem.x.inner)):
         return 0
     return (LINE_BYTES - ALIGN_BYTES) // itemsize
@@ -465,9 +466,8 @@ class SmemLaunch(CoopLaunch):
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
         if chosen:  # sized on the N bucket: cut to this N, registers capped
-            itemsize = problem.dtype.itemsize
             config = register_capped(balanced_config(config or family.default_config(device, problem), problem.N,
-                                                     itemsize, device, line_lead(problem, itemsize)))
+                                                     problem.dtype.itemsize, device, line_lead(problem)))
         super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
