@@ -16,7 +16,8 @@ or fails on a point is skipped there with a one-line reason.
 
 Each point is the median of ``--repeats`` interleaved rounds (every provider once per round),
 each round a ``do_bench`` median, or with ``--timer kernel`` the GPU time of the kernels a call
-launched as CUPTI records it (``tritonsoftmax.kernel_timer``: no launch gap, no event time; what
+launched as CUPTI records it (``tritonsoftmax.kernel_timer``: the time the device was busy with
+them, overlapping kernels counted once; no launch gap, no event time; what
 ranks microsecond shapes fairly; written to a ``-kernel`` suite folder, each point's JSON listing
 the kernels every call launched, with launches and microseconds per call). GB/s = (bytes read +
 bytes written) / time. Every run writes a ``points-<part>.json`` into the output folder and
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         part += "-kernel"
     command = " ".join(["python -m bench.sweep", *(argv if argv is not None else sys.argv[1:])])
     meta = {"command": command, "device": info.name, "torch": torch.__version__, "triton": triton.__version__,
-            "repeats": repeats, "rep_ms": args.rep_ms, "timer": args.timer, "interpreter": not on_gpu,
+            "repeats": repeats, "rep_ms": args.rep_ms, "timer": args.timer,
+            **({"kernel_time": "busy"} if args.timer == "kernel" else {}), "interpreter": not on_gpu,
             "autotune": os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1"), "skipped": skipped,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -235,8 +237,9 @@ def measure(fns: dict, repeats: int, timer: str, rep_ms: float) -> tuple[dict[st
     for _ in range(repeats):
         for name, fn in fns.items():
             if timer == "kernel":
-                launched[name] = [[k[:80], round(n, 2), round(us, 3)] for k, n, us in kernel_profile(fn)]
-                times[name].append(total_ms(launched[name]))
+                profile = kernel_profile(fn)
+                launched[name] = [[k[:80], round(n, 2), round(us, 3)] for k, n, us in profile.rows]
+                times[name].append(total_ms(profile))
             else:
                 times[name].append(time_ms(fn, warmup_ms=5, rep_ms=rep_ms))
     return times, launched
@@ -318,7 +321,11 @@ def _fmt(v: float) -> str:
 
 def _timer_words(meta: dict) -> str:
     if meta.get("timer", "events") == "kernel":
-        return "the GPU time of the kernels each call launched (CUPTI, L2 emptied before each call)"
+        if meta.get("kernel_time") == "busy":
+            return ("the time the device was busy with the kernels each call launched (CUPTI, overlapping "
+                    "kernels counted once, L2 emptied before each call)")
+        return ("the GPU time of the kernels each call launched (CUPTI, the sum of their durations, "
+                "L2 emptied before each call)")
     return f"do_bench {meta['rep_ms']} ms"
 
 

@@ -76,6 +76,26 @@ def test_kernel_time_sums_the_calls_kernels_and_leaves_out_the_flush():
         per_call([("fill<int8>", 10, 700.0)], flush, 10)
 
 
+def test_busy_time_counts_overlapping_kernels_once_and_leaves_out_the_flush():
+    from tritonsoftmax.kernel_timer import busy_per_call
+
+    flush = {"fill<int8>"}
+    calls = [
+        # split's two passes, the second a dependent launch starting while the first ends: 26.3, not 32.3
+        ("fill<int8>", 0.0, 60.0), ("stats", 61.0, 75.7), ("write", 69.7, 87.3),
+        # one after the other with a gap (not counted): 3 + 2
+        ("fill<int8>", 100.0, 160.0), ("a", 161.0, 164.0), ("b", 170.0, 172.0),
+        # one kernel inside another's interval: 10
+        ("fill<int8>", 200.0, 260.0), ("outer", 261.0, 271.0), ("inner", 263.0, 265.0),
+    ]
+    assert busy_per_call(calls, flush, 3) == pytest.approx((26.3 + 5.0 + 10.0) / 3)
+    assert busy_per_call(calls[:3], flush, 1) == pytest.approx(26.3)
+    with pytest.raises(RuntimeError, match="cannot be told apart"):
+        busy_per_call(calls, flush, 2)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        busy_per_call([("fill<int8>", 0.0, 60.0)], flush, 1)
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the refusal without a GPU")
 def test_kernel_timer_needs_a_gpu(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bench.sweep", "--out", str(tmp_path), "--timer", "kernel"],
@@ -120,9 +140,26 @@ def test_kernel_time_counts_every_kernel_of_a_call_and_no_event_gap():
     assert kernel_ms(lambda: torch.softmax(tiny, -1)) < time_ms(lambda: torch.softmax(tiny, -1), rep_ms=20)
 
 
+@pytest.mark.gpu
+def test_kernel_time_counts_splits_dependent_second_pass_once():
+    """Split's pass 2 starts (PDL) while pass 1 ends on sm_90+: the busy time is below the two durations'
+    sum there, never below the longer one, and equal to the sum where the passes run one after the other."""
+    import torch
+
+    import tritonsoftmax
+    from tritonsoftmax.kernel_timer import kernel_profile
+
+    x = torch.randn(1, 8388608, device="cuda")
+    profile = kernel_profile(lambda: tritonsoftmax.softmax(x, -1, impl="split"), calls=10)
+    durations = [us for _, _, us in profile.rows]
+    assert len(durations) == 2 and max(durations) <= profile.busy_us <= sum(durations) * 1.001, profile
+    if torch.cuda.get_device_capability() >= (9, 0):
+        assert profile.busy_us < 0.95 * sum(durations), profile
+
+
 def test_measure_interleaves_rounds_and_keeps_each_providers_kernels(monkeypatch):
     """sweep.measure with the kernel timer: one profile per provider per round, in round order (a, b,
-    a, b), each round's time the sum of its kernels, and the last round's kernel list kept."""
+    a, b), each round's time the profile's busy time, and the last round's kernel list kept."""
     from bench import sweep
     from tritonsoftmax import kernel_timer
 
@@ -131,7 +168,8 @@ def test_measure_interleaves_rounds_and_keeps_each_providers_kernels(monkeypatch
     def fake_profile(fn, calls=30):
         name = fn()
         order.append(name)
-        return [(f"{name}_kernel", 1.0, next(us[name])), ("memset", 2.0, 1.0)]
+        busy = next(us[name]) + 1.0  # the kernel, then the memset after it
+        return kernel_timer.KernelProfile([(f"{name}_kernel", 1.0, busy - 1.0), ("memset", 2.0, 1.0)], busy)
 
     monkeypatch.setattr(kernel_timer, "kernel_profile", fake_profile)
     times, launched = sweep.measure({"a": lambda: "a", "b": lambda: "b"}, 2, "kernel", 30.0)

@@ -1,13 +1,21 @@
-"""GPU time of the kernels a call launches, from CUPTI's activity records (``torch.profiler``).
+"""Device-busy time of the kernels a call launches, from CUPTI's activity records (``torch.profiler``).
 
 ``triton.testing.do_bench`` brackets each call with CUDA events: for a kernel of a few
 microseconds the events' own time and the launch gap are a large, shape-independent share of what
 it reports (H200, session 16: do_bench 4.74 us at fp32 8x2048, the kernel 1.87 us), and its
-ranking of configs or peers at that scale follows noise. :func:`kernel_ms` adds up only what ran
+ranking of configs or peers at that scale follows noise. :func:`kernel_ms` counts only what ran
 on the device. The benchmark sweep and the tuner take it with ``--timer kernel``.
+
+A call's time is the length of the union of its activities' intervals: the time the device was busy
+with it. Kernels that overlap are counted once: split's second pass is a programmatic dependent
+launch whose programs start while the first pass ends (H200, session 23, fp32 1x8388608: pass 1
+[0, 14.7] us, pass 2 [8.7, 26.3] us; the sum of the two durations, 32.3 us, counted 6 us twice).
+For kernels that run one after another the union is their sum.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -16,20 +24,31 @@ TIMERS = ("events", "kernel")  # the --timer choices of bench.sweep and tritonso
 NEEDS_GPU = "--timer kernel reads CUPTI's kernel records and needs a GPU"  # their refusal without one
 
 
+@dataclass(frozen=True)
+class KernelProfile:
+    """What a function put on the device per call: ``rows`` of (activity name, launches per call,
+    microseconds per call), longest first, and ``busy_us``: microseconds per call the device was
+    busy with them (the union of their intervals; less than the rows' sum where kernels overlapped)."""
+
+    rows: list[tuple[str, float, float]]
+    busy_us: float
+
+
 def kernel_ms(fn, calls: int = 30) -> float:
-    """Mean GPU milliseconds per call of every kernel, memset and copy that ``fn`` puts on the device,
-    with L2 emptied before each call as ``do_bench`` does; no launch gap, no event time. GPU only."""
+    """Mean GPU milliseconds per call that the kernels, memsets and copies ``fn`` puts on the device
+    keep it busy, with L2 emptied before each call as ``do_bench`` does; no launch gap, no event
+    time, overlapping kernels counted once. GPU only."""
     return total_ms(kernel_profile(fn, calls))
 
 
-def total_ms(profile) -> float:
-    """Milliseconds per call of a :func:`kernel_profile` (rows of name, launches, microseconds)."""
-    return sum(row[2] for row in profile) / 1e3
+def total_ms(profile: KernelProfile) -> float:
+    """Milliseconds per call of a :func:`kernel_profile`: the time the device was busy."""
+    return profile.busy_us / 1e3
 
 
-def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
-    """What ``fn`` puts on the device per call: (activity name, launches per call, microseconds per
-    call), longest first, from ``calls`` calls each behind an L2-emptying flush (left out). GPU only."""
+def kernel_profile(fn, calls: int = 30) -> KernelProfile:
+    """What ``fn`` puts on the device per call (see :class:`KernelProfile`), from ``calls`` calls each
+    behind an L2-emptying flush (left out). GPU only."""
     from torch.profiler import ProfilerActivity, profile
 
     if not torch.cuda.is_available():
@@ -43,7 +62,8 @@ def kernel_profile(fn, calls: int = 30) -> list[tuple[str, float, float]]:
             flush.zero_()
             fn()
         torch.cuda.synchronize()
-    return per_call(_device_records(prof), flush_keys, calls)
+    return KernelProfile(per_call(_device_records(prof), flush_keys, calls),
+                         busy_per_call(_device_intervals(prof), flush_keys, calls))
 
 
 _flush_names: dict[int, set[str]] = {}  # device index -> what the flush puts on the device, by name
@@ -72,6 +92,34 @@ def _device_records(prof) -> list[tuple[str, int, float]]:
         if total > 0:
             rows.append((avg.key, avg.count, float(total)))
     return rows
+
+
+def _device_intervals(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every device activity ``prof`` saw, by start."""
+    from torch.autograd import DeviceType
+
+    return sorted(((e.key, e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type in (DeviceType.CUDA, getattr(DeviceType, "HIP", DeviceType.CUDA))),
+                  key=lambda r: r[1])
+
+
+def busy_per_call(intervals: list[tuple[str, float, float]], flush_keys: set[str], calls: int) -> float:
+    """Mean microseconds per call that the device was busy: ``intervals`` (name, start, end; by start)
+    are ``calls`` calls, each opened by one flush activity named in ``flush_keys`` (left out); a call's
+    time is the length of the union of its activities' intervals."""
+    flushes = [i for i, (name, _, _) in enumerate(intervals) if name in flush_keys]
+    if len(flushes) != calls:
+        raise RuntimeError(f"{len(flushes)} flushes in {calls} calls: the timed function launches the flush's "
+                           "own kernel, or the profile lost records, so calls cannot be told apart")
+    total = 0.0
+    for first, after in zip(flushes, flushes[1:] + [len(intervals)], strict=True):
+        end = float("-inf")
+        for _, start, stop in intervals[first + 1:after]:
+            total += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+    if total <= 0:
+        raise RuntimeError("the timed function put no kernel on the device")
+    return total / calls
 
 
 def per_call(records: list[tuple[str, int, float]], flush_keys: set[str], calls: int) -> list[tuple[str, float, float]]:
