@@ -294,3 +294,22 @@ def test_rows_on_8_or_4_byte_boundaries_load_8_or_4_bytes_at_a_time(vec):
         stores = {op for op in ops if op.startswith("st.")}
         assert loads == {NARROW_VECTORS[vec]}, loads
         assert stores == {NARROW_VECTORS[vec].replace("ld.", "st.")}, stores
+
+
+def test_fused_backward_reload_loads_the_tile_twice_with_distinct_eviction_hints():
+    """RELOAD (one row of 16384 bf16, 32 warps' worth of columns, and a several-row tile): the first loads
+    are evict_last, the second evict_first, as many of each as the one-load kernel has loads; without
+    RELOAD no load carries a hint (so the compiler is free to keep the row in registers)."""
+    base = {"LOG": 0, "VEC": 8}
+    shapes = [{"BLOCK_N": 16384, "ROWS": 1}, {"BLOCK_N": 512, "ROWS": 4}]
+    cases = [["fused", "_softmax_fused_bwd_kernel", "bf16", {**base, **shape, **reload}]
+             for shape in shapes for reload in ({}, {"RELOAD": 1})]
+    ptxs = run_compile_script("kernel_compile.py", json.dumps(cases))
+    for plain, twice in zip(ptxs[::2], ptxs[1::2], strict=True):
+        loads = [line for line in plain.splitlines() if "ld.global" in line]
+        assert loads and not [line for line in loads if "evict" in line]
+        first = [line for line in twice.splitlines() if "ld.global.L1::evict_last" in line]
+        second = [line for line in twice.splitlines() if "ld.global.L1::evict_first" in line]
+        assert len(first) == len(second) == len(loads), (len(first), len(second), len(loads))
+        lines = twice.splitlines()
+        assert max(lines.index(line) for line in first) < min(lines.index(line) for line in second)

@@ -539,3 +539,56 @@ def test_fused_realigned_tail_rows_match_reference(dtype, N, stride, tail, align
     assert (back.flags["ALIGN"], back.flags["TAIL"]) == (align, tail)
     assert_grad_close(dx, dy, ys, log=log)
     assert torch.isnan(out[:, N:]).all()
+
+
+RELOAD_CASES = [(torch.float32, 8192, 1, 8192), (torch.bfloat16, 8000, 1, 8192), (torch.float16, 300, 4, 512),
+                (torch.float32, 100, 8, 128)]
+RELOAD_IDS = [f"{str(d)[6:]}-{n}-R{r}" for d, n, r, _ in RELOAD_CASES]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,rows,block", RELOAD_CASES, ids=RELOAD_IDS)
+def test_fused_backward_reload_matches_reference(dtype, N, rows, block, log, padded):
+    """RELOAD loads the tile twice (evict_last for the sum, evict_first for the write): one- and several-row
+    tiles, softmax and log_softmax, scale -0.5, a row that is one spike, dense and padded rows whose padding
+    stays untouched; the same result as the one-load kernel's config without it."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    M, cols = 5, N + (8 if padded else 0)
+    x = random_input((M, cols), dtype, DEVICE, seed=N + rows)
+    x[1, N // 2] = 60.0  # y is one spike in row 1
+    probs = torch.softmax(x.float(), -1)
+    ys = (torch.log_softmax(x.float(), -1) if log else probs).to(dtype)[:, :N]
+    dy = random_input((M, cols), dtype, DEVICE, seed=N + 1)[:, :N]
+    plain = LaunchConfig.make(4, BLOCK_N=block, ROWS=rows)
+    results = {}
+    for config in (plain.with_meta(RELOAD=1), plain):
+        out = poisoned_like(random_input((M, cols), dtype, DEVICE))
+        dx = out[:, :N]
+        back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
+                                                flags={"LOG": int(log)})
+        back(dy, dx, ys, -0.5)
+        assert back.flags.get("TAIL", 0) == 0 and (rows > 1 or back.flags["ALIGN"] == 1), "the plain path"
+        assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
+        assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"
+        results[config] = dx.clone()
+    torch.testing.assert_close(results[plain.with_meta(RELOAD=1)], results[plain], rtol=0, atol=0)
+
+
+def test_fused_backward_reload_configs_only_for_long_rows():
+    """One-row configs of blocks of RELOAD_MIN_N and longer come with and without RELOAD; shorter blocks and
+    several-row configs never carry it."""
+    from synthetic_devices import SM90
+
+    for N in (256, fused.RELOAD_MIN_N // 2):
+        assert not [c for c in fused.BWD_FAMILY.configs(SM90, 4096, N) if dict(c.meta).get("RELOAD")], N
+    for N in (fused.RELOAD_MIN_N // 2 + 1, fused.RELOAD_MIN_N, 16384, 32768):
+        configs = fused.BWD_FAMILY.configs(SM90, 4096, N)
+        one_row = [c for c in configs if c["ROWS"] == 1 and not dict(c.meta).get("RELOAD")]
+        reload = [c for c in configs if dict(c.meta).get("RELOAD")]
+        assert one_row and {c.with_meta(RELOAD=1) for c in one_row} == set(reload), N
+        assert not [c for c in fused.FAMILY.configs(SM90, 4096, N) if dict(c.meta).get("RELOAD")], "forward: none"

@@ -10,6 +10,8 @@ from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import _common
 from ._common import (
+    DROP,
+    KEEP,
     Family,
     exp,
     finish,
@@ -27,6 +29,7 @@ IMPL = "fused"
 TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
 MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
+RELOAD_MIN_N = 8192  # one-row backward configs of blocks this long or longer also come with RELOAD
 PIPELINED_MIN_N = 16384  # rows at least this long also get the persistent pipelined configs
 PIPELINED_STAGES = 3  # H200 bf16 4096x32768: 3 stages 3554 GB/s, 2 stages 2527, none 3097 (bench/NOTES.md)
 # Short rows (blocks of 256 and 512) on many rows also get these four-row pipelined configs, (warps, programs
@@ -182,7 +185,7 @@ def _softmax_fused_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -191,6 +194,10 @@ def _softmax_fused_bwd_kernel(
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
     Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
     tiles only; dy, y and dx in one layout). VEC, TAIL: as in the forward.
+    RELOAD (plain tiles: ALIGN 1 and TAIL 0, or several rows): the tile is loaded evict_last for the
+    sum and loaded again evict_first (from cache) for the write, as inductor's two-loop backward does,
+    instead of being held across the reduction: fewer registers, so more programs an SM. The other
+    paths ignore it.
     """
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
@@ -215,9 +222,12 @@ def _softmax_fused_bwd_kernel(
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
-        dy = load_f32(dy_ptr + g_off, mask)
-        y = load_f32(y_ptr + g_off, mask)
+        dy = load_f32(dy_ptr + g_off, mask, KEEP * RELOAD)
+        y = load_f32(y_ptr + g_off, mask, KEEP * RELOAD)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
+        if RELOAD:  # distinct eviction policies keep the compiler from reusing the first loads' registers
+            dy = load_f32(dy_ptr + g_off, mask, DROP)
+            y = load_f32(y_ptr + g_off, mask, DROP)
         dx = grad_input(dy, y, red, scale, LOG)
         d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -297,8 +307,13 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
 FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
-    4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5)."""
-    return _configs(device, M, N, pipelined=False, max_per_thread=64 if next_power_of_2(N) >= 16384 else 32)
+    4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
+    configs of blocks of RELOAD_MIN_N+ also with RELOAD (inductor's kernel of that form, 32 warps, ran bf16
+    4096x16384 in 93.9 us against 100.9 holding the row: bench/NOTES.md, session 23, probe 114)."""
+    out = _configs(device, M, N, pipelined=False, max_per_thread=64 if next_power_of_2(N) >= 16384 else 32)
+    if next_power_of_2(N) >= RELOAD_MIN_N:
+        out += [c.with_meta(RELOAD=1) for c in out if c["ROWS"] == 1]
+    return out
 
 
 BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _bwd_configs, _heuristic, _grid)
