@@ -308,8 +308,8 @@ FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
     4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
-    configs of blocks of RELOAD_MIN_N+ also with RELOAD (inductor's kernel of that form, 32 warps, ran bf16
-    4096x16384 in 93.9 us against 100.9 holding the row: bench/NOTES.md, session 23, probe 114)."""
+    configs of blocks of RELOAD_MIN_N+ also with RELOAD (H200, bf16 4096x16384, one row of 32 warps: 93.7 us
+    with it, 101.5 holding the row; it lost at 8192, 32768 and fp32: bench/NOTES.md, session 23, probe 115)."""
     out = _configs(device, M, N, pipelined=False, max_per_thread=64 if next_power_of_2(N) >= 16384 else 32)
     if next_power_of_2(N) >= RELOAD_MIN_N:
         out += [c.with_meta(RELOAD=1) for c in out if c["ROWS"] == 1]
