@@ -27,7 +27,7 @@ def test_fused_capacity_follows_register_file():
 @pytest.mark.parametrize("N,forward32,forward16,backward32,backward16", [
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "fused", "fused", "fused"),
-    (16384, "fused", "smem", "fused", "smem"), (16385, "fused", "fused", "fused", "fused"),
+    (16384, "fused", "smem", "fused", "fused"), (16385, "fused", "fused", "fused", "fused"),
     (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "fused"),
     (32768, "fused", "smem", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
@@ -106,6 +106,57 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
         assert off.config == p.config, "realigned rows are held with a tail too"
         whole = dispatch.plan("fused", 4096, 20000, torch.bfloat16, torch.bfloat16, dev, aligned=False)
         assert whole.config == entry.config, "a realigned row without a tail holds the whole block"
+    finally:
+        dispatch.clear_cache()
+
+
+@pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
+def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
+    """The backward of 2^24+ elements of aligned rows that fill at least 15/16 of their block, in the blocks of
+    RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one
+    element fewer, a row one element shorter than 15/16 of the block, the forward, rows off 16 bytes, AMD and the
+    blocks the table leaves out get None."""
+    dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
+
+    def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype):
+        return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned))
+
+    for block, (rows, warps) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
+        want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
+        shortest = block - block // dispatch.RELOAD_FILL_PARTS
+        fewest = -(-dispatch.RELOAD_MIN_ELEMENTS // shortest)
+        assert reload(dispatch.RELOAD_MIN_ELEMENTS // block, block) == want, block
+        assert reload(fewest, shortest) == want, block
+        assert reload(fewest, shortest - 1) is None, (block, "fills less than 15/16 of the block")
+        assert reload(fewest - 1, shortest) is None, (block, "fewer than 2^24 elements")
+        assert reload(65536, block, backward=False) is None, "forward"
+        assert reload(65536, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
+        assert reload(65536, block, device=GFX942) is None, "measured on the H200 only"
+        assert dispatch.choose(65536, block, dtype, SM90, backward=True).impl == "fused", block
+    for block in (512, 32768) + ((8192, 16384) if itemsize == 4 else ()):
+        assert reload(65536, block) is None, (block, "not in the table")
+    if itemsize == 2:
+        for dt in (torch.bfloat16, torch.float16):
+            assert dispatch.choose(4096, 16384, dt, SM90, backward=True).impl == "fused", "was smem's one chunk"
+            assert dispatch.choose(4096, 12000, dt, SM90, backward=True).impl == "smem", "fills 0.73 of the block"
+            assert dispatch.choose(1024, 16000, dt, SM90, backward=True).impl == "smem", "16.4M elements"
+            assert reload(1024, 16384, dt=dt) is not None, "2^24 elements"
+
+
+def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config(monkeypatch):
+    """On an H200 (the shipped sm_90 table) the backward through auto and through fused takes reload_row_config's
+    config over the table's entry; the forward of the same shape keeps the entry."""
+    monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
+    dispatch.clear_cache()
+    try:
+        dev = torch.device("cpu")
+        for impl, M, N in (("auto", 65536, 2048), ("fused", 65536, 2048), ("auto", 4096, 16384)):
+            p = dispatch.plan(impl, M, N, torch.bfloat16, torch.bfloat16, dev, backward=True)
+            want = dispatch.reload_row_config(dispatch.Shape(M, N, torch.bfloat16, SM90, True))
+            assert want is not None and (p.impl, p.config, p.from_store) == ("fused", want, True), (impl, M, N)
+        fwd = dispatch.plan("auto", 65536, 2048, torch.bfloat16, torch.bfloat16, dev)
+        entry = dispatch.stored(SM90, fused.FAMILY, torch.bfloat16, 2048, 65536)
+        assert entry is not None and fwd.config == entry.config and "RELOAD" not in dict(fwd.config.meta)
     finally:
         dispatch.clear_cache()
 

@@ -580,13 +580,13 @@ def test_fused_backward_reload_matches_reference(dtype, N, rows, block, log, pad
 
 
 def test_fused_backward_reload_configs_only_for_long_rows():
-    """One-row configs of blocks of RELOAD_MIN_N and longer come with and without RELOAD; shorter blocks and
-    several-row configs never carry it."""
+    """One-row configs of blocks of RELOAD_MIN_N and longer come with and without RELOAD; shorter blocks,
+    rows held as half a block plus a tail (where RELOAD does nothing) and several-row configs never carry it."""
     from synthetic_devices import SM90
 
-    for N in (256, fused.RELOAD_MIN_N // 2):
+    for N in (256, fused.RELOAD_MIN_N // 2, fused.RELOAD_MIN_N // 2 + 1, 8200, 16392):
         assert not [c for c in fused.BWD_FAMILY.configs(SM90, 4096, N) if dict(c.meta).get("RELOAD")], N
-    for N in (fused.RELOAD_MIN_N // 2 + 1, fused.RELOAD_MIN_N, 16384, 32768):
+    for N in (fused.RELOAD_MIN_N // 2 + 1000, fused.RELOAD_MIN_N, 16384, 32768):
         configs = fused.BWD_FAMILY.configs(SM90, 4096, N)
         one_row = [c for c in configs if c["ROWS"] == 1 and not dict(c.meta).get("RELOAD")]
         reload = [c for c in configs if dict(c.meta).get("RELOAD")]

@@ -5,9 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, HAS_GPU
-from softmax_ref import TOL, poisoned_like, random_input
+from softmax_ref import TOL, assert_grad_close, poisoned_like, random_input
 
 import tritonsoftmax
+from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.kernels import FAMILY_NAMES, coop, fused, online, split
 
@@ -212,6 +213,30 @@ def test_patch_torch_routes_gpu_tensors_to_tritonsoftmax(monkeypatch):
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_gradients_long_and_few_rows(M, N, dtype, log):
     _check_grads(random_input((M, N), dtype, DEVICE, seed=N), log=log)
+
+
+RELOAD_SHAPES = [(dt, block) for dt in (torch.float32, torch.bfloat16, torch.float16)
+                 for block in dispatch.RELOAD_ROW_CONFIGS[dt.itemsize]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,block", RELOAD_SHAPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype, block, log):
+    """The fewest rows of the shortest length that reload_row_config takes, per block of RELOAD_ROW_CONFIGS: auto's
+    plan is fused-bwd with RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches
+    float64 in every element."""
+    N = block - block // dispatch.RELOAD_FILL_PARTS
+    M = -(-dispatch.RELOAD_MIN_ELEMENTS // N)
+    p = dispatch.plan("auto", M, N, dtype, dtype, DEVICE, backward=True)
+    assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p
+    x = random_input((M, N), dtype, DEVICE, seed=block)
+    y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
+    dy = random_input((M, N), dtype, DEVICE, scale=1.0, seed=block + 1)
+    dx = poisoned_like(dy)
+    fused.launch_backward(dy, y, dx, p.config, scale=-0.5, log=log)
+    assert not dx.isnan().any()
+    assert_grad_close(dx, dy, y, scale=-0.5, log=log)
 
 
 @pytest.mark.gpu

@@ -157,6 +157,32 @@ SMEM_ONE_CHUNK_BWD_MAX_N = 16384
 # forward 4179 / 4151). Smaller blocks were not measured with this config.
 HELD_VALUES_PER_THREAD = 32
 HELD_MIN_BLOCK = 4096
+# Many rows that fill their block (backward, CUDA, rows on 16-byte boundaries) run fused-bwd with RELOAD (the tile
+# loaded evict_last for the sum and again evict_first for the write, as inductor's two-loop backward does) with the
+# rows and warps RELOAD_ROW_CONFIGS gives for the block, held to RELOAD_MAX_REGISTERS registers a thread so that more
+# programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
+# (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": RELOAD_MIN_ELEMENTS elements or more in all.
+# H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
+# one process each):
+# bf16/fp16 4096x16384 93.8/93.5 against smem-bwd's 96.3/96.3 (torch.compile 93.5/93.4), 4096x16000 91.5/91.4 against
+# 93.9/94.0, 1024x16384 26.4/26.2 against 26.9/27.3; 16384x8192 183.5/184.2 against fused's 186.8/185.3, 4096x8192
+# 48.9/48.9 against 50.1/49.4 (16 warps uncapped compile to 34 registers: 53.4); 65536x4096 364.2/361.6 against
+# 370.7/370.3, 4096x4096 25.6/24.9 against 26.1/26.1; 65536x2048 181.8/182.0 against 185.5/185.9 (compile 182.1/181.4),
+# 16384x2048 47.4/47.6 against 48.5/48.7; 65536x1024 91.8/92.0 against 94.8/94.5; fp32 65536x2048 365.5 against 369.7,
+# 16384x4096 183.6 against 186.6. Where it lost or did not gain it is left out: rows that do not fill the block
+# (bf16/fp16 4096x12000 70.9/69.9 against 71.7/71.8 but 1024x12000 20.9/20.5 against 20.6/20.8; 4096x9000 61.3/58.8
+# against 55.0/55.1; 65536x1800 164.9/163.1 against 164.2/164.3; 65536x1500 150.9/146.4 against 137.7/138.0; 16384x3600
+# with 16 warps 86.9/85.5 against 83.9/83.3); fewer elements (bf16/fp16 1024x8192 15.1/15.0 against 14.3/13.9,
+# 4096x2048 14.0/13.7 against 13.6/13.7, 4096x1024 7.6/7.4 against 7.4/7.5, 300x16384 9.6/9.3 against 8.9/9.1); fp32
+# rows of 8K and 16K (4096x8192 100.9 against 95.3; 4096x16384 190.7 against 187.8).
+RELOAD_FILL_PARTS = 16
+RELOAD_MIN_ELEMENTS = 2**24
+RELOAD_MAX_REGISTERS = 32
+RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps)}
+    2: {1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 32)},
+    4: {2048: (2, 16), 4096: (1, 16)},
+}
+
 # 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
 # chunks to the row and starts them on 128-byte lines (kernels/smem.balanced_config), which the session-20
 # comparison above predates. H200, kernel time, GB/s, auto (fused held) against smem's heuristic config as a
@@ -229,6 +255,19 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1)
 
 
+
+def reload_row_config(s: Shape) -> LaunchConfig | None:
+    """For the backward of many rows (CUDA, on 16-byte boundaries) that fill their block, in the dtypes and blocks of
+    RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to RELOAD_MAX_REGISTERS registers a thread.
+    Else None."""
+    block = next_power_of_2(s.N)
+    rows_warps = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
+    if (rows_warps is None or not s.backward or not s.aligned or s.device.backend != "cuda"
+            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < RELOAD_MIN_ELEMENTS):
+        return None
+    rows, warps = rows_warps
+    return LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=RELOAD_MAX_REGISTERS)
+
 def coop_single_read(s: Shape) -> bool:
     """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM (counted on
     the N bucket, which its configs are sized on)."""
@@ -279,6 +318,8 @@ def smem_one_chunk_rows(s: Shape) -> bool:
         return False  # forward 16K-bucket rows, too few of them: fused
     if held_row_config(s) is not None:
         return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
+    if reload_row_config(s) is not None:
+        return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
     return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
 
 
@@ -337,8 +378,9 @@ RULES: tuple[Rule, ...] = (
     Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward; not those fused holds with a "
          "small tail): realigned online beats fused",
          realigned_16bit_32k_rows),
-    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K; forward 8K-16K from 7 rows an SM) on 16-byte "
-         "boundaries: one program a row holds it in shared memory in its dtype, with nothing to exchange",
+    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K, save 2^24+ elements of rows that fill the 16K block; "
+         "forward 8K-16K from 7 rows an SM) on 16-byte boundaries: one program a row holds it in shared memory in "
+         "its dtype, with nothing to exchange",
          smem_one_chunk_rows),
     Rule("smem", "many 16-bit rows just past 16K on 16-byte boundaries that fused would hold as half a block plus a "
          "small tail: smem's chunks cut to the row", smem_held_32k_rows),
@@ -390,7 +432,8 @@ def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: boo
 @dataclass(frozen=True)
 class Plan:
     """A decided launch: the family and either the dispatcher's config (``from_store``: the tuning
-    store's, or held_row_config's for fused rows held with a tail; a launch that fails with it
+    store's, held_row_config's for fused rows held with a tail or reload_row_config's for the fused backward
+    of many rows that fill their block; a launch that fails with it
     autotunes instead) or None (autotune)."""
 
     impl: str
@@ -425,9 +468,10 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        held = held_row_config(Shape(M, N, dtype, info, backward, aligned)) if name == "fused" else None
-        entry = None if held else stored(info, fam, dtype, N, M)
-        config = held or (entry.config if entry else None)
+        shape = Shape(M, N, dtype, info, backward, aligned)
+        ruled = (held_row_config(shape) or reload_row_config(shape)) if name == "fused" else None
+        entry = None if ruled else stored(info, fam, dtype, N, M)
+        config = ruled or (entry.config if entry else None)
         p = Plan(name, fam, config, info, config is not None)
         _plans[key] = p
     return p
