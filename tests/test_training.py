@@ -228,7 +228,7 @@ def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype
     float64 in every element."""
     N = block - block // dispatch.RELOAD_FILL_PARTS
     M = -(-dispatch.RELOAD_MIN_ELEMENTS // N)
-    p = dispatch.plan("auto", M, N, dtype, dtype, DEVICE, backward=True)
+    p = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward=True)
     assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p
     x = random_input((M, N), dtype, DEVICE, seed=block)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
