@@ -112,23 +112,24 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 
 @pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
-    """The backward of 2^24+ elements of aligned rows that fill at least 15/16 of their block, in the blocks of
-    RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one
-    element fewer, a row one element shorter than 15/16 of the block, the forward, rows off 16 bytes, AMD and the
-    blocks the table leaves out get None."""
+    """The backward of the table's element count (2^24, 2^25 for 16-bit 8K) or more of aligned rows that fill at least
+    15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps
+    and 32 registers a thread; one row fewer, a row one element shorter than 15/16 of the block, the forward, rows
+    off 16 bytes, AMD and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype):
         return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned))
 
-    for block, (rows, warps) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
+    for block, (rows, warps, elements) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
+        assert elements == (2**25 if (itemsize, block) == (2, 8192) else 2**24), block
         shortest = block - block // dispatch.RELOAD_FILL_PARTS
-        fewest = -(-dispatch.RELOAD_MIN_ELEMENTS // shortest)
-        assert reload(dispatch.RELOAD_MIN_ELEMENTS // block, block) == want, block
+        fewest = -(-elements // shortest)
+        assert reload(elements // block, block) == want, block
         assert reload(fewest, shortest) == want, block
         assert reload(fewest, shortest - 1) is None, (block, "fills less than 15/16 of the block")
-        assert reload(fewest - 1, shortest) is None, (block, "fewer than 2^24 elements")
+        assert reload(fewest - 1, shortest) is None, (block, "too few elements")
         assert reload(65536, block, backward=False) is None, "forward"
         assert reload(65536, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
         assert reload(65536, block, device=GFX942) is None, "measured on the H200 only"
@@ -141,6 +142,8 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
             assert dispatch.choose(4096, 12000, dt, SM90, backward=True).impl == "smem", "fills 0.73 of the block"
             assert dispatch.choose(1024, 16000, dt, SM90, backward=True).impl == "smem", "16.4M elements"
             assert reload(1024, 16384, dt=dt) is not None, "2^24 elements"
+            assert reload(2100, 8104, dt=dt) is None, "8K block: 17M elements, under 2^25 (probe 119: -3 to -5 %)"
+            assert reload(4096, 8192, dt=dt) is not None, "2^25 elements"
 
 
 def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config(monkeypatch):

@@ -227,7 +227,7 @@ def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype
     plan is fused-bwd with RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches
     float64 in every element."""
     N = block - block // dispatch.RELOAD_FILL_PARTS
-    M = -(-dispatch.RELOAD_MIN_ELEMENTS // N)
+    M = -(-dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][2] // N)
     p = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward=True)
     assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p
     x = random_input((M, N), dtype, DEVICE, seed=block)

@@ -161,7 +161,8 @@ HELD_MIN_BLOCK = 4096
 # loaded evict_last for the sum and again evict_first for the write, as inductor's two-loop backward does) with the
 # rows and warps RELOAD_ROW_CONFIGS gives for the block, held to RELOAD_MAX_REGISTERS registers a thread so that more
 # programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
-# (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": RELOAD_MIN_ELEMENTS elements or more in all.
+# (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": the table's element count or more in all (2^24;
+# 2^25 for the 8K block).
 # H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
 # one process each):
 # bf16/fp16 4096x16384 93.8/93.5 against smem-bwd's 96.3/96.3 (torch.compile 93.5/93.4), 4096x16000 91.5/91.4 against
@@ -174,13 +175,16 @@ HELD_MIN_BLOCK = 4096
 # against 55.0/55.1; 65536x1800 164.9/163.1 against 164.2/164.3; 65536x1500 150.9/146.4 against 137.7/138.0; 16384x3600
 # with 16 warps 86.9/85.5 against 83.9/83.3); fewer elements (bf16/fp16 1024x8192 15.1/15.0 against 14.3/13.9,
 # 4096x2048 14.0/13.7 against 13.6/13.7, 4096x1024 7.6/7.4 against 7.4/7.5, 300x16384 9.6/9.3 against 8.9/9.1); fp32
-# rows of 8K and 16K (4096x8192 100.9 against 95.3; 4096x16384 190.7 against 187.8).
+# rows of 8K and 16K (4096x8192 100.9 against 95.3; 4096x16384 190.7 against 187.8). Through auto, the plan with it
+# against without (probe119.log), rows that are not powers of two and odd row counts just over the element counts:
+# bf16/fp16 16801x1000 +2.6/+4.1 %, 8401x2000 +0.3/+0.5 %, 65535x2040 +2.2/+2.2 %, 4201x4000 -0.1/+0.4 %, 1100x15504
+# +4.8/+2.9 %, 4097x16376 +6.8/+7.3 %; fp32 8401x2000 +0.1 %, 4201x4000 +1.4 %, 65536x1920 +0.9 %; 2100x8104
+# -4.6/-3.2 %, hence 2^25 elements for the 8K block (4096x8192 above is 2^25).
 RELOAD_FILL_PARTS = 16
-RELOAD_MIN_ELEMENTS = 2**24
 RELOAD_MAX_REGISTERS = 32
-RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps)}
-    2: {1024: (2, 8), 2048: (1, 8), 4096: (1, 16), 8192: (1, 16), 16384: (1, 32)},
-    4: {2048: (2, 16), 4096: (1, 16)},
+RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all)}
+    2: {1024: (2, 8, 2**24), 2048: (1, 8, 2**24), 4096: (1, 16, 2**24), 8192: (1, 16, 2**25), 16384: (1, 32, 2**24)},
+    4: {2048: (2, 16, 2**24), 4096: (1, 16, 2**24)},
 }
 
 # 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
@@ -261,11 +265,11 @@ def reload_row_config(s: Shape) -> LaunchConfig | None:
     RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to RELOAD_MAX_REGISTERS registers a thread.
     Else None."""
     block = next_power_of_2(s.N)
-    rows_warps = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
-    if (rows_warps is None or not s.backward or not s.aligned or s.device.backend != "cuda"
-            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < RELOAD_MIN_ELEMENTS):
+    entry = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
+    if (entry is None or not s.backward or not s.aligned or s.device.backend != "cuda"
+            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]):
         return None
-    rows, warps = rows_warps
+    rows, warps, _ = entry
     return LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=RELOAD_MAX_REGISTERS)
 
 def coop_single_read(s: Shape) -> bool:
