@@ -259,7 +259,6 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1)
 
 
-
 def reload_row_config(s: Shape) -> LaunchConfig | None:
     """For the backward of many rows (CUDA, on 16-byte boundaries) that fill their block, in the dtypes and blocks of
     RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to RELOAD_MAX_REGISTERS registers a thread.
@@ -271,6 +270,7 @@ def reload_row_config(s: Shape) -> LaunchConfig | None:
         return None
     rows, warps, _ = entry
     return LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=RELOAD_MAX_REGISTERS)
+
 
 def coop_single_read(s: Shape) -> bool:
     """The coop family can hold a row on chip: at most one chunk of COOP_CHUNK per SM (counted on

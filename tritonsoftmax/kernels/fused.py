@@ -309,8 +309,10 @@ def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
     4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
     configs of blocks of RELOAD_MIN_N+ also with RELOAD (H200, bf16 4096x16384, one row of 32 warps: 93.7 us
-    with it, 101.5 holding the row; it lost at 8192, 32768 and fp32: bench/NOTES.md, session 23, probe 115),
-    save for rows the kernel holds as half a block plus a tail (row_tail), where RELOAD does nothing."""
+    with it, 101.5 holding the row; uncapped it lost at 8192, 32768 and fp32: bench/NOTES.md, session 23, probe
+    115), save for rows the kernel holds as half a block plus a tail (row_tail), where RELOAD does nothing. The
+    configs the dispatcher gives the backward of many rows that fill their block (RELOAD with 32 registers a thread,
+    blocks of 1K-16K) come from dispatch.reload_row_config, not from this search space."""
     block_n = next_power_of_2(N)
     out = _configs(device, M, N, pipelined=False, max_per_thread=64 if block_n >= 16384 else 32)
     if block_n >= RELOAD_MIN_N and not _common.row_tail(N, block_n):
