@@ -1,5 +1,7 @@
 """Dispatcher rules, config generation and device descriptions, on synthetic devices."""
 
+import dataclasses
+
 import pytest
 import torch
 from synthetic_devices import GFX942, SM90
@@ -10,6 +12,7 @@ from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
+SM89 = dataclasses.replace(SM90, arch="sm_89", name="an sm_89 GPU", sm_count=128, max_threads_per_sm=1536)
 DEVICES = [SM90, GFX942, GFX1201]
 
 
@@ -133,6 +136,7 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         assert reload(65536, block, backward=False) is None, "forward"
         assert reload(65536, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
         assert reload(65536, block, device=GFX942) is None, "measured on the H200 only"
+        assert reload(65536, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
         assert dispatch.choose(65536, block, dtype, SM90, backward=True).impl == "fused", block
     for block in (512, 32768) + ((8192, 16384) if itemsize == 4 else ()):
         assert reload(65536, block) is None, (block, "not in the table")

@@ -162,7 +162,9 @@ HELD_MIN_BLOCK = 4096
 # rows and warps RELOAD_ROW_CONFIGS gives for the block, held to RELOAD_MAX_REGISTERS registers a thread so that more
 # programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
 # (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": the table's element count or more in all (2^24;
-# 2^25 for the 8K block).
+# 2^25 for the 8K block). What the configs buy is programs an SM (two of 32 warps, four of 16), so the rule also asks
+# for RELOAD_MIN_THREADS_PER_SM threads an SM (H100/H200 and A100 have them; GPUs with 1536 do not); it was measured
+# on the H200 only.
 # H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
 # one process each):
 # bf16/fp16 4096x16384 93.8/93.5 against smem-bwd's 96.3/96.3 (torch.compile 93.5/93.4), 4096x16000 91.5/91.4 against
@@ -182,6 +184,7 @@ HELD_MIN_BLOCK = 4096
 # -4.6/-3.2 %, hence 2^25 elements for the 8K block (4096x8192 above is 2^25).
 RELOAD_FILL_PARTS = 16
 RELOAD_MAX_REGISTERS = 32
+RELOAD_MIN_THREADS_PER_SM = 2048
 RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all)}
     2: {1024: (2, 8, 2**24), 2048: (1, 8, 2**24), 4096: (1, 16, 2**24), 8192: (1, 16, 2**25), 16384: (1, 32, 2**24)},
     4: {2048: (2, 16, 2**24), 4096: (1, 16, 2**24)},
@@ -260,12 +263,13 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
 
 
 def reload_row_config(s: Shape) -> LaunchConfig | None:
-    """For the backward of many rows (CUDA, on 16-byte boundaries) that fill their block, in the dtypes and blocks of
-    RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to RELOAD_MAX_REGISTERS registers a thread.
-    Else None."""
+    """For the backward of many rows (CUDA, RELOAD_MIN_THREADS_PER_SM threads an SM, rows on 16-byte boundaries) that
+    fill their block, in the dtypes and blocks of RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to
+    RELOAD_MAX_REGISTERS registers a thread. Else None."""
     block = next_power_of_2(s.N)
     entry = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
     if (entry is None or not s.backward or not s.aligned or s.device.backend != "cuda"
+            or s.device.max_threads_per_sm < RELOAD_MIN_THREADS_PER_SM
             or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]):
         return None
     rows, warps, _ = entry
