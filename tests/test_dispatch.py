@@ -115,10 +115,10 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 
 @pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
-    """The backward of the table's element count (2^24, 2^25 for 16-bit 8K) or more of aligned rows that fill at least
-    15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps
-    and 32 registers a thread; one row fewer, a row one element shorter than 15/16 of the block, the forward, rows
-    off 16 bytes, AMD and the blocks the table leaves out get None."""
+    """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more of aligned rows
+    that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the
+    table's rows and warps and 32 registers a thread; one row fewer, a row one element shorter than 15/16 of the
+    block, the forward, rows off 16 bytes, AMD, 1536 threads an SM and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype):
@@ -126,7 +126,7 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
 
     for block, (rows, warps, elements) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
-        assert elements == (2**25 if (itemsize, block) == (2, 8192) else 2**24), block
+        assert elements == {(2, 1024): 3 * 2**22, (2, 8192): 2**25, (2, 16384): 5 * 2**21}.get((itemsize, block), 2**24)
         shortest = block - block // dispatch.RELOAD_FILL_PARTS
         fewest = -(-elements // shortest)
         assert reload(elements // block, block) == want, block
@@ -144,8 +144,9 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         for dt in (torch.bfloat16, torch.float16):
             assert dispatch.choose(4096, 16384, dt, SM90, backward=True).impl == "fused", "was smem's one chunk"
             assert dispatch.choose(4096, 12000, dt, SM90, backward=True).impl == "smem", "fills 0.73 of the block"
-            assert dispatch.choose(1024, 16000, dt, SM90, backward=True).impl == "smem", "16.4M elements"
-            assert reload(1024, 16384, dt=dt) is not None, "2^24 elements"
+            assert dispatch.choose(600, 16384, dt, SM90, backward=True).impl == "smem", "9.8M elements"
+            assert reload(640, 16384, dt=dt) is not None, "10M elements"
+            assert reload(16384, 1000, dt=dt) is not None and reload(12288, 1000, dt=dt) is None, "1K block: 12M"
             assert reload(2100, 8104, dt=dt) is None, "8K block: 17M elements, under 2^25 (probe 119: -3 to -5 %)"
             assert reload(4096, 8192, dt=dt) is not None, "2^25 elements"
 
@@ -250,14 +251,16 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
 
 
 @pytest.mark.parametrize("M,N,forward16,backward16", [
-    (300, 12000, "fused", "smem"), (923, 16384, "fused", "smem"), (924, 16384, "smem", "smem"),
+    (300, 12000, "fused", "smem"), (923, 16384, "fused", "fused"), (924, 16384, "smem", "fused"),
+    (600, 16384, "fused", "smem"),
     (300, 24576, "smem", "fused"), (264, 32768, "smem", "fused"), (263, 32768, "split", "coop"),
     (4096, 8200, "fused", "fused"), (4096, 8704, "smem", "smem"), (4096, 8192, "fused", "fused"),
     (4096, 12004, "fused", "fused")])
 def test_many_16bit_rows_of_8k_to_32k_go_to_smem_as_one_chunk(M, N, forward16, backward16):
     """16K-bucket forwards from 7 rows an SM (924 on the H200); 32K only forward; 263 rows are few rows;
     12004 bf16 elements are not whole 16-byte vectors; 8200 is held by fused as 8192 + 8 (held_row_config),
-    8704 has a tail over 1/64 of its block."""
+    8704 has a tail over 1/64 of its block; the backward of 640+ rows of 16384 goes to fused with RELOAD
+    (reload_row_config)."""
     for dtype in (torch.bfloat16, torch.float16):
         assert dispatch.choose(M, N, dtype, SM90).impl == forward16
         assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == backward16

@@ -162,9 +162,9 @@ HELD_MIN_BLOCK = 4096
 # rows and warps RELOAD_ROW_CONFIGS gives for the block, held to RELOAD_MAX_REGISTERS registers a thread so that more
 # programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
 # (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": the table's element count or more in all (2^24;
-# 2^25 for the 8K block). What the configs buy is programs an SM (two of 32 warps, four of 16), so the rule also asks
-# for RELOAD_MIN_THREADS_PER_SM threads an SM (H100/H200 and A100 have them; GPUs with 1536 do not); it was measured
-# on the H200 only.
+# 16-bit: 12M for the 1K block, 10M for the 16K block, 2^25 for the 8K block). What the configs buy is programs an SM
+# (two of 32 warps, four of 16), so the rule also asks for RELOAD_MIN_THREADS_PER_SM threads an SM (H100/H200 and A100
+# have them; GPUs with 1536 do not); it was measured on the H200 only.
 # H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
 # one process each):
 # bf16/fp16 4096x16384 93.8/93.5 against smem-bwd's 96.3/96.3 (torch.compile 93.5/93.4), 4096x16000 91.5/91.4 against
@@ -181,12 +181,16 @@ HELD_MIN_BLOCK = 4096
 # against without (probe119.log), rows that are not powers of two and odd row counts just over the element counts:
 # bf16/fp16 16801x1000 +2.6/+4.1 %, 8401x2000 +0.3/+0.5 %, 65535x2040 +2.2/+2.2 %, 4201x4000 -0.1/+0.4 %, 1100x15504
 # +4.8/+2.9 %, 4097x16376 +6.8/+7.3 %; fp32 8401x2000 +0.1 %, 4201x4000 +1.4 %, 65536x1920 +0.9 %; 2100x8104
-# -4.6/-3.2 %, hence 2^25 elements for the 8K block (4096x8192 above is 2^25).
+# -4.6/-3.2 %, hence 2^25 elements for the 8K block (4096x8192 above is 2^25). Under 2^24 (probe121.log, the rule
+# forced on against without it): 1K block bf16/fp16 16384x1000 +1.6/+2.4 %, 12288x1000 +0.3/+2.5 %, 8192x1000
+# -0.6/-0.6 %, 8192x1024 -2.8/-2.2 %, hence 12M (3 x 2^22); 16K block 800x16384 +4.4/+4.8 %, 800x16000 +3.6/+5.8 %,
+# 600x16384 -0.1/+4.1 % (300 rows lost 3-7 %, probe 116), hence 10M (5 x 2^21, 640 rows of 16384).
 RELOAD_FILL_PARTS = 16
 RELOAD_MAX_REGISTERS = 32
 RELOAD_MIN_THREADS_PER_SM = 2048
 RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all)}
-    2: {1024: (2, 8, 2**24), 2048: (1, 8, 2**24), 4096: (1, 16, 2**24), 8192: (1, 16, 2**25), 16384: (1, 32, 2**24)},
+    2: {1024: (2, 8, 3 * 2**22), 2048: (1, 8, 2**24), 4096: (1, 16, 2**24), 8192: (1, 16, 2**25),
+        16384: (1, 32, 5 * 2**21)},
     4: {2048: (2, 16, 2**24), 4096: (1, 16, 2**24)},
 }
 
