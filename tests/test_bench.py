@@ -76,6 +76,17 @@ def test_kernel_time_sums_the_calls_kernels_and_leaves_out_the_flush():
         per_call([("fill<int8>", 10, 700.0)], flush, 10)
 
 
+def test_per_kernel_rows_come_from_the_same_intervals_as_the_busy_time():
+    """kernel_profile's rows and its busy time read one list of device intervals: per kind of activity its
+    count and summed duration (activities of no duration left out)."""
+    from tritonsoftmax.kernel_timer import _records, per_call
+
+    intervals = [("fill<int8>", 0.0, 60.0), ("softmax", 61.0, 63.0), ("Memset (Device)", 63.0, 63.0),
+                 ("fill<int8>", 70.0, 130.0), ("softmax", 131.0, 134.0)]
+    assert sorted(_records(intervals)) == [("fill<int8>", 2, 120.0), ("softmax", 2, 5.0)]
+    assert per_call(_records(intervals), {"fill<int8>"}, 2) == [("softmax", 1.0, 2.5)]
+
+
 def test_busy_time_counts_overlapping_kernels_once_and_leaves_out_the_flush():
     from tritonsoftmax.kernel_timer import busy_per_call
 

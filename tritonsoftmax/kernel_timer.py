@@ -62,8 +62,8 @@ def kernel_profile(fn, calls: int = 30) -> KernelProfile:
             flush.zero_()
             fn()
         torch.cuda.synchronize()
-    return KernelProfile(per_call(_device_records(prof), flush_keys, calls),
-                         busy_per_call(_device_intervals(prof), flush_keys, calls))
+    intervals = _device_intervals(prof)
+    return KernelProfile(per_call(_records(intervals), flush_keys, calls), busy_per_call(intervals, flush_keys, calls))
 
 
 _flush_names: dict[int, set[str]] = {}  # device index -> what the flush puts on the device, by name
@@ -78,20 +78,19 @@ def _flush_keys(flush: torch.Tensor) -> set[str]:
         with profile(activities=[ProfilerActivity.CUDA]) as calibration:
             flush.zero_()
             torch.cuda.synchronize()
-        _flush_names[index] = {key for key, _, _ in _device_records(calibration)}
+        _flush_names[index] = {key for key, _, _ in _records(_device_intervals(calibration))}
     return _flush_names[index]
 
 
-def _device_records(prof) -> list[tuple[str, int, float]]:
-    """(name, count, total device microseconds) of each kind of device activity ``prof`` saw."""
-    rows = []
-    for avg in prof.key_averages():
-        total = getattr(avg, "device_time_total", None)
-        if total is None:  # torch before the device_* names
-            total = avg.cuda_time_total
-        if total > 0:
-            rows.append((avg.key, avg.count, float(total)))
-    return rows
+def _records(intervals: list[tuple[str, float, float]]) -> list[tuple[str, int, float]]:
+    """(name, count, total microseconds) of each kind of activity among ``intervals``, those of no duration left
+    out."""
+    totals: dict[str, list] = {}
+    for name, start, end in intervals:
+        row = totals.setdefault(name, [0, 0.0])
+        row[0] += 1
+        row[1] += end - start
+    return [(name, count, total) for name, (count, total) in totals.items() if total > 0]
 
 
 def _device_intervals(prof) -> list[tuple[str, float, float]]:
