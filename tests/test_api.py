@@ -243,15 +243,17 @@ def _fake_launcher(call, **attrs):
     return obj
 
 
+def call_36(self, gridX, gridY, gridZ, stream, function, *args):
+    """CudaLauncher.__call__'s parameters in triton 3.6."""
+
+
+def call_37(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
+            launch_exit_hook, *args):
+    """CudaLauncher.__call__'s parameters in triton 3.7-3.9."""
+
+
 def test_c_launch_layout_recognises_each_triton_launcher_and_refuses_the_rest():
     from tritonsoftmax.kernels import _common
-
-    def call_36(self, gridX, gridY, gridZ, stream, function, *args):
-        pass
-
-    def call_37(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, launch_enter_hook,
-                launch_exit_hook, *args):
-        pass
 
     tuple_attrs = {"arg_annotations": (), "kernel_signature": b""}
     assert _common.c_launch_layout(_fake_launcher(call_36)) == _common.C_LAUNCH_SPREAD
@@ -263,6 +265,36 @@ def test_c_launch_layout_recognises_each_triton_launcher_and_refuses_the_rest():
                _fake_launcher(lambda self, *args: None),
                object()]
     assert all(_common.c_launch_layout(r) == _common.RUN_LAUNCHER for r in refused)
+
+
+def test_warm_launcher_passes_each_launcher_layout_its_arguments_in_order():
+    """What a warm call hands Triton's C launch function (3.6: spread; 3.7-3.9: the kernel arguments
+    as one tuple after their annotations), and the launcher itself when its layout is not known."""
+    from tritonsoftmax.kernels import _common
+
+    calls = []
+    hooks = {"launch": lambda *a: calls.append(a), "launch_cooperative_grid": False, "launch_pdl": True}
+    packed, fixed, kernel_args = (4, 1, 0), (7, 8), [11, 12, 0.5]
+    stream = {3: 1003}.__getitem__  # device index -> its current stream
+
+    start = _common.warm_launcher(_fake_launcher(call_36, **hooks), (5, 2, 1), 42, packed, fixed, stream, 3)
+    start(kernel_args)
+    assert start.layout == _common.C_LAUNCH_SPREAD
+    assert calls.pop() == (5, 2, 1, 1003, 42, False, True, None, None, packed, None, None, None, 11, 12, 0.5, 7, 8)
+
+    start = _common.warm_launcher(_fake_launcher(call_37, arg_annotations=("ann",), kernel_signature=b"sig", **hooks),
+                                  (5, 2, 1), 42, packed, fixed, stream, 3)
+    start(kernel_args)
+    assert start.layout == _common.C_LAUNCH_TUPLE
+    assert calls.pop() == (5, 2, 1, 1003, 42, False, True, packed, None, None, None, None, None, ("ann",), b"sig",
+                           (11, 12, 0.5, 7, 8))
+
+    refused = _fake_launcher(lambda self, *a: calls.append(("run", *a)), **hooks)
+    start = _common.warm_launcher(refused, (5, 2, 1), 42, packed, fixed, stream, 3)
+    start(kernel_args)
+    assert start.layout == _common.RUN_LAUNCHER
+    assert calls.pop() == ("run", 5, 2, 1, 1003, 42, packed, None, None, None, 11, 12, 0.5, 7, 8)
+    assert not calls
 
 
 def test_c_launch_layout_of_the_installed_triton():
@@ -293,7 +325,7 @@ def test_warm_call_starts_the_kernel_through_the_c_launch_function():
     x = random_input((8, 2048), torch.float32, DEVICE, seed=3)
     tritonsoftmax.softmax(x)
     prepared, _ = api._prepared[api._signature(x, -1, None, "auto", False, False)]
-    assert prepared._layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
+    assert prepared._warm.layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
     for seed in (4, 5):
         x2 = random_input((8, 2048), torch.float32, DEVICE, seed=seed)
         assert_softmax_close(tritonsoftmax.softmax(x2), x2)

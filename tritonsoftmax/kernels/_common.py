@@ -466,12 +466,6 @@ class Family:
                                do_bench=bench)(self.kernel)
 
 
-def _no_launch_hooks() -> bool:
-    """True when no launch hook (e.g. a Triton profiler's) is installed."""
-    hook = knobs.runtime.launch_enter_hook
-    return hook is None or not getattr(hook, "calls", True)
-
-
 # How a warm call starts a compiled kernel (see c_launch_layout).
 RUN_LAUNCHER = 0  # through Triton's CudaLauncher object (its Python __call__, then its C function)
 C_LAUNCH_SPREAD = 1  # its C function, kernel arguments spread after 4 leading slots (triton 3.6)
@@ -505,6 +499,36 @@ def c_launch_layout(run) -> int:
     return RUN_LAUNCHER
 
 
+def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args: tuple, current_stream,
+                  device_index: int):
+    """A function of the leading kernel arguments (``x``, ``y`` and the extras as addresses and
+    numbers) that starts the compiled kernel on the current stream, through ``run``'s C function
+    where c_launch_layout allows; everything else a launch passes is fixed here, once.
+    ``fixed_args``: the arguments after those (the problem's sizes and strides, the constexprs)."""
+    g0, g1, g2 = grid3
+    layout = c_launch_layout(run)
+    if layout == C_LAUNCH_TUPLE:
+        launch = run.launch
+        head = (function, run.launch_cooperative_grid, run.launch_pdl, packed_metadata, None, None, None, None,
+                None, run.arg_annotations, run.kernel_signature)
+
+        def start(args):
+            launch(g0, g1, g2, current_stream(device_index), *head, (*args, *fixed_args))
+    elif layout == C_LAUNCH_SPREAD:
+        launch = run.launch
+        head = (function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed_metadata, None, None, None)
+
+        def start(args):
+            launch(g0, g1, g2, current_stream(device_index), *head, *args, *fixed_args)
+    else:
+        head = (function, packed_metadata, None, None, None)
+
+        def start(args):
+            run(g0, g1, g2, current_stream(device_index), *head, *args, *fixed_args)
+    start.layout = layout
+    return start
+
+
 def constexpr_values(kernel, meta: dict) -> tuple:
     """The values a compiled kernel's launcher takes after the runtime arguments: each of
     ``kernel``'s parameters named in ``meta``, or left to its default (e.g. fused's STAGES), in
@@ -522,15 +546,18 @@ def constexpr_values(kernel, meta: dict) -> tuple:
 def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, bool]:
     """The kernel arguments with each tensor as its address, and whether every address is 16-byte
     aligned. Triton's launcher takes an address as it is, where for a tensor it calls data_ptr()
-    and asks the driver about the pointer (microseconds on the warm path)."""
-    args = [x.data_ptr(), y.data_ptr()]
-    bits = args[0] | args[1]
+    and asks the driver about the pointer (microseconds on the warm path). ``extra`` holds tensors
+    and Python floats (the scale): told apart by ``type``, as ``isinstance(a, torch.Tensor)`` runs
+    Python code of torch's metaclass (~0.1 us)."""
+    xp, yp = x.data_ptr(), y.data_ptr()
+    bits = xp | yp
+    args = [xp, yp]
     for a in extra:
-        if isinstance(a, torch.Tensor):
+        if type(a) is not float:
             a = a.data_ptr()
             bits |= a
         args.append(a)
-    return args, (bits & 15) == 0
+    return args, not bits & 15
 
 
 # Compile options every launch passes. FP contraction (FMA) stays on, as it was the default on
@@ -623,7 +650,7 @@ class PreparedLaunch:
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
-        self._runner = None
+        self._runner = self._warm = None
         self._aligned = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor | float) -> LaunchConfig | None:
@@ -632,20 +659,10 @@ class PreparedLaunch:
         ``extra``: the further arguments the family's kernel takes after ``y`` (a workspace, the
         saved output, the scale)."""
         args, aligned = _raw_args(x, y, extra)
-        if self._runner is not None and aligned == self._aligned:
-            if _no_launch_hooks():  # start the compiled kernel with nothing in between
-                layout = self._layout
-                if layout == C_LAUNCH_TUPLE:
-                    self._launch(*self._grid3, self._stream(self._dev), self._function, self._coop_pdl[0],
-                                 self._coop_pdl[1], self._packed, None, None, None, None, None, self._annotations,
-                                 self._kernel_signature, (*args, *self.tail, *self._meta))
-                elif layout == C_LAUNCH_SPREAD:
-                    self._launch(*self._grid3, self._stream(self._dev), self._function, self._coop_pdl[0],
-                                 self._coop_pdl[1], None, None, self._packed, None, None, None,
-                                 *args, *self.tail, *self._meta)
-                else:
-                    self._run(*self._grid3, self._stream(self._dev), self._function, self._packed, None, None,
-                              None, *args, *self.tail, *self._meta)
+        if self._warm is not None and aligned == self._aligned:
+            hook = knobs.runtime.launch_enter_hook
+            if hook is None or not getattr(hook, "calls", True):  # no launch hook (a profiler's) is installed
+                self._warm(args)
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
@@ -700,15 +717,9 @@ class PreparedLaunch:
             self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
             self._grid3 = tuple(grid) + (1,) * (3 - len(grid))
             self._runner = compiled[self._grid3]  # loads the module on the device
-            self._run, self._function, self._packed = compiled.run, compiled.function, compiled.packed_metadata
-            self._layout = c_launch_layout(compiled.run)
-            if self._layout != RUN_LAUNCHER:
-                run = compiled.run
-                self._launch, self._coop_pdl = run.launch, (run.launch_cooperative_grid, run.launch_pdl)
-                self._annotations = getattr(run, "arg_annotations", None)
-                self._kernel_signature = getattr(run, "kernel_signature", None)
-            self._stream = driver.active.get_current_stream
-            self._dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+            dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+            self._warm = warm_launcher(compiled.run, self._grid3, compiled.function, compiled.packed_metadata,
+                                       (*self.tail, *self._meta), driver.active.get_current_stream, dev)
             self._aligned = aligned
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
