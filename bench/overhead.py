@@ -1,35 +1,47 @@
 """Host overhead per eager call and GPU time per kernel, tritonsoftmax against torch.softmax.
 
-    python -m bench.overhead [--shapes 8x2048 32x8192 ...] [--dtype float32]
+    python -m bench.overhead [--shapes 8x2048 32x8192 ...] [--dtype float32] [--rounds 9]
 
 Host time: wall clock over many back-to-back calls with no synchronisation inside the loop
 (for tiny inputs this is the CPU cost of one call, the GPU being faster), for torch.softmax,
 our plain eager call and the same computation through the ``tritonsoftmax::softmax`` operator
-(the path autograd and torch.compile take). GPU time: the same
-calls captured in a CUDA graph and replayed, per call — no host work at all.
+(the path autograd and torch.compile take): the median of ``--rounds`` rounds, each timing every
+function once, in an order reversed every other round (a process's host speed drifts by a few
+microseconds; interleaving puts the drift on every function alike). GPU time: the same calls
+captured in a CUDA graph and replayed, per call — no host work at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
 import torch
 
 
-def host_us(fn, calls: int = 3000) -> float:
-    for _ in range(100):
+def host_us(fn, calls: int = 2000) -> float:
+    """Wall-clock microseconds per call over ``calls`` back-to-back calls."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(calls):
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def interleaved_host_us(fns: list, rounds: int) -> list[float]:
+    """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round."""
+    for fn in fns:
+        for _ in range(200):
             fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            times[i].append(host_us(fns[i]))
+    return [statistics.median(t) for t in times]
 
 
 def graph_us(fn, calls: int = 200) -> float:
@@ -56,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["8x2048", "8x4096", "32x4096", "32x8192"])
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of host timing (median reported)")
     args = ap.parse_args(argv)
     import tritonsoftmax
 
@@ -72,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = lambda x=x: tritonsoftmax.softmax(x)  # noqa: E731
         theirs = lambda x=x: torch.softmax(x, -1)  # noqa: E731
         via_op = lambda x=x: op(x, -1, None, "auto", 1.0, False, False)  # noqa: E731  (what autograd/compile call)
-        row = [host_us(theirs), host_us(ours), host_us(via_op), graph_us(theirs), graph_us(ours)]
+        row = [*interleaved_host_us([theirs, ours, via_op], args.rounds), graph_us(theirs), graph_us(ours)]
         print(f"| {M}×{N} | {args.dtype} | " + " | ".join(f"{v:.1f}" for v in row) + " |", flush=True)
     return 0
 

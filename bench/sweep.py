@@ -44,6 +44,8 @@ PLOTS = {
     "few-131072": {"x": "M", "shapes": [(m, 131072) for m in (1, 2, 4, 8, 16, 32, 64, 128)], "log": True},
     "few-1m": {"x": "M", "shapes": [(m, 1048576) for m in (1, 2, 4, 8, 16, 32)], "log": True},
     "attention": {"x": "M", "shapes": [(16384, 8192), (65536, 2048)], "log": True},
+    # From a few hundred rows of 32K to many: where the 16-bit backward changes kernel (dispatch.reload_row_config).
+    "rows-32k": {"x": "M", "shapes": [(m, 32768) for m in (256, 512, 1024, 2048, 4096, 8192)], "log": True},
     # Row lengths that are not a multiple of 16 bytes (vocabulary sizes among them): rows start off
     # a 16-byte boundary, where a kernel that does not realign them loses its wide loads.
     "odd": {"x": "N", "shapes": [(4096, n) for n in (1023, 4097, 12345, 16383, 32767, 50257, 100003)], "log": True},

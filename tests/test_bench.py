@@ -187,3 +187,24 @@ def test_measure_interleaves_rounds_and_keeps_each_providers_kernels(monkeypatch
     assert order == ["a", "b", "a", "b"]
     assert times == {"a": [0.011, 0.013], "b": [0.006, 0.008]}
     assert launched["a"] == [["a_kernel", 1.0, 12.0], ["memset", 2.0, 1.0]]
+
+
+def test_overhead_times_every_function_each_round_in_alternating_order(monkeypatch):
+    """bench.overhead's host times: each round times every function once, the order reversed every other
+    round, and the reported time is each function's median over the rounds."""
+    import torch
+
+    from bench import overhead
+
+    order = []
+    times = {"torch": iter([5.0, 9.0, 6.0]), "ours": iter([8.0, 7.0, 1.0])}
+    fns = [lambda: "torch", lambda: "ours"]
+
+    def host_us(fn, calls=2000):
+        order.append(fn())
+        return next(times[order[-1]])
+
+    monkeypatch.setattr(overhead, "host_us", host_us)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert overhead.interleaved_host_us(fns, 3) == [6.0, 7.0]
+    assert order == ["torch", "ours", "ours", "torch", "torch", "ours"]

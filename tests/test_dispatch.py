@@ -115,30 +115,38 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 
 @pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
-    """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more of aligned rows
-    that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the
-    table's rows and warps and 32 registers a thread; one row fewer, a row one element shorter than 15/16 of the
-    block, the forward, rows off 16 bytes, AMD, 1536 threads an SM and the blocks the table leaves out get None."""
+    """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more (16-bit 32K: at
+    most 2^25) of aligned rows that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs
+    fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one row fewer (or one more than the
+    most), a row one element shorter than 15/16 of the block, the forward, rows off 16 bytes, AMD, 1536 threads an SM
+    and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype):
         return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned))
 
-    for block, (rows, warps, elements) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
+    for block, (rows, warps, elements, most) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
         assert elements == {(2, 1024): 3 * 2**22, (2, 8192): 2**25, (2, 16384): 5 * 2**21}.get((itemsize, block), 2**24)
+        assert most == {(2, 32768): 2**25}.get((itemsize, block)), block
         shortest = block - block // dispatch.RELOAD_FILL_PARTS
         fewest = -(-elements // shortest)
+        many = most // block if most else 65536
         assert reload(elements // block, block) == want, block
         assert reload(fewest, shortest) == want, block
         assert reload(fewest, shortest - 1) is None, (block, "fills less than 15/16 of the block")
         assert reload(fewest - 1, shortest) is None, (block, "too few elements")
-        assert reload(65536, block, backward=False) is None, "forward"
-        assert reload(65536, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
-        assert reload(65536, block, device=GFX942) is None, "measured on the H200 only"
-        assert reload(65536, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
-        assert dispatch.choose(65536, block, dtype, SM90, backward=True).impl == "fused", block
-    for block in (512, 32768) + ((8192, 16384) if itemsize == 4 else ()):
+        assert reload(many, block) == want, block
+        assert reload(many, block, backward=False) is None, "forward"
+        assert reload(many, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
+        assert reload(many, block, device=GFX942) is None, "measured on the H200 only"
+        assert reload(many, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
+        assert dispatch.choose(many, block, dtype, SM90, backward=True).impl == "fused", block
+        if most:
+            assert reload(most // shortest, shortest) == want, block
+            assert reload(most // shortest + 1, shortest) is None, (block, "too many elements")
+            assert reload(many + 1, block) is None, (block, "too many elements")
+    for block in (512,) + ((8192, 16384, 32768) if itemsize == 4 else ()):
         assert reload(65536, block) is None, (block, "not in the table")
     if itemsize == 2:
         for dt in (torch.bfloat16, torch.float16):
@@ -149,6 +157,8 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
             assert reload(16384, 1000, dt=dt) is not None and reload(12288, 1000, dt=dt) is None, "1K block: 12M"
             assert reload(2100, 8104, dt=dt) is None, "8K block: 17M elements, under 2^25 (probe 119: -3 to -5 %)"
             assert reload(4096, 8192, dt=dt) is not None, "2^25 elements"
+            assert reload(1024, 32000, dt=dt) is not None, "probe 124: +5.0/+1.6 %"
+            assert reload(4096, 32768, dt=dt) is None and reload(300, 32768, dt=dt) is None, "probe 124: -0.6 %, -5 %"
 
 
 def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config(monkeypatch):

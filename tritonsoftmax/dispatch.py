@@ -162,7 +162,8 @@ HELD_MIN_BLOCK = 4096
 # rows and warps RELOAD_ROW_CONFIGS gives for the block, held to RELOAD_MAX_REGISTERS registers a thread so that more
 # programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
 # (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": the table's element count or more in all (2^24;
-# 16-bit: 12M for the 1K block, 10M for the 16K block, 2^25 for the 8K block). What the configs buy is programs an SM
+# 16-bit: 12M for the 1K block, 10M for the 16K block, 2^25 for the 8K block), and for the 16-bit 32K block at most
+# 2^25 (512 to 1024 rows of 32768). What the configs buy is programs an SM
 # (two of 32 warps, four of 16), so the rule also asks for RELOAD_MIN_THREADS_PER_SM threads an SM (H100/H200 and A100
 # have them; GPUs with 1536 do not); it was measured on the H200 only.
 # H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
@@ -185,13 +186,17 @@ HELD_MIN_BLOCK = 4096
 # forced on against without it): 1K block bf16/fp16 16384x1000 +1.6/+2.4 %, 12288x1000 +0.3/+2.5 %, 8192x1000
 # -0.6/-0.6 %, 8192x1024 -2.8/-2.2 %, hence 12M (3 x 2^22); 16K block 800x16384 +4.4/+4.8 %, 800x16000 +3.6/+5.8 %,
 # 600x16384 -0.1/+4.1 % (300 rows lost 3-7 %, probe 116), hence 10M (5 x 2^21, 640 rows of 16384).
+# The 16-bit 32K block (session 25, session25-probes/probe124.log, the rule forced on against without it; auto without
+# it runs fused-bwd w16): bf16/fp16 512x32768 +3.4/+2.6 %, 768x32768 +6.9/+2.7 %, 1024x32768 +4.8/+2.4 %, 1024x32000
+# +5.0/+1.6 %; not taken: 300x32768 -6.5/-4.7 %, 4096x32768 -0.6/-0.6 %, 8192x32768 -1.0/-1.0 %, 4096x32000
+# -0.7/-1.0 %, 2048x31000 -5.6/-1.5 % (2048x32768 +1.6/+1.5 % in probe 123, which the bound leaves out with it).
 RELOAD_FILL_PARTS = 16
 RELOAD_MAX_REGISTERS = 32
 RELOAD_MIN_THREADS_PER_SM = 2048
-RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all)}
-    2: {1024: (2, 8, 3 * 2**22), 2048: (1, 8, 2**24), 4096: (1, 16, 2**24), 8192: (1, 16, 2**25),
-        16384: (1, 32, 5 * 2**21)},
-    4: {2048: (2, 16, 2**24), 4096: (1, 16, 2**24)},
+RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all, most or None)}
+    2: {1024: (2, 8, 3 * 2**22, None), 2048: (1, 8, 2**24, None), 4096: (1, 16, 2**24, None),
+        8192: (1, 16, 2**25, None), 16384: (1, 32, 5 * 2**21, None), 32768: (1, 32, 2**24, 2**25)},
+    4: {2048: (2, 16, 2**24, None), 4096: (1, 16, 2**24, None)},
 }
 
 # 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
@@ -268,15 +273,16 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
 
 def reload_row_config(s: Shape) -> LaunchConfig | None:
     """For the backward of many rows (CUDA, RELOAD_MIN_THREADS_PER_SM threads an SM, rows on 16-byte boundaries) that
-    fill their block, in the dtypes and blocks of RELOAD_ROW_CONFIGS: fused-bwd's RELOAD config for the block, held to
-    RELOAD_MAX_REGISTERS registers a thread. Else None."""
+    fill their block, in the dtypes and blocks of RELOAD_ROW_CONFIGS and their element counts: fused-bwd's RELOAD config
+    for the block, held to RELOAD_MAX_REGISTERS registers a thread. Else None."""
     block = next_power_of_2(s.N)
     entry = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
     if (entry is None or not s.backward or not s.aligned or s.device.backend != "cuda"
             or s.device.max_threads_per_sm < RELOAD_MIN_THREADS_PER_SM
-            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]):
+            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]
+            or (entry[3] is not None and s.M * s.N > entry[3])):
         return None
-    rows, warps, _ = entry
+    rows, warps = entry[:2]
     return LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=RELOAD_MAX_REGISTERS)
 
 
