@@ -122,8 +122,8 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
     and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
-    def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype):
-        return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned))
+    def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype, dense=False):
+        return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned, dense))
 
     for block, (rows, warps, elements, most) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
@@ -145,7 +145,15 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         if most:
             assert reload(most // shortest, shortest) == want, block
             assert reload(most // shortest + 1, shortest) is None, (block, "too many elements")
-            assert reload(many + 1, block) is None, (block, "too many elements")
+            assert reload(many + 1, block) is None, (block, "too many elements, rows not dense")
+            assert reload(many, block, dense=True) == want, (block, "dense rows within the bound: the capped config")
+            rows, warps = dispatch.RELOAD_DENSE_ROW_CONFIGS[itemsize][block]
+            dense = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1, DENSE=1)
+            assert reload(many + 1, block, dense=True) == dense, block
+            assert reload(65536, block, dense=True) == dense, block
+            assert reload(65536, block - 8, dense=True) is None, (block, "DENSE rows are exactly the block")
+            for kwargs in ({"backward": False}, {"aligned": False}, {"device": GFX942}, {"device": SM89}):
+                assert reload(65536, block, dense=True, **kwargs) is None, (block, kwargs)
     for block in (512,) + ((8192, 16384, 32768) if itemsize == 4 else ()):
         assert reload(65536, block) is None, (block, "not in the table")
     if itemsize == 2:
@@ -172,6 +180,10 @@ def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config
             p = dispatch.plan(impl, M, N, torch.bfloat16, torch.bfloat16, dev, backward=True)
             want = dispatch.reload_row_config(dispatch.Shape(M, N, torch.bfloat16, SM90, True))
             assert want is not None and (p.impl, p.config, p.from_store) == ("fused", want, True), (impl, M, N)
+        dense = dispatch.plan("auto", 4096, 32768, torch.bfloat16, torch.bfloat16, dev, backward=True, dense=True)
+        strided = dispatch.plan("auto", 4096, 32768, torch.bfloat16, torch.bfloat16, dev, backward=True)
+        assert dense.config["DENSE"] == 1 and dense.impl == "fused", dense
+        assert "DENSE" not in dict(strided.config.meta) and "RELOAD" not in dict(strided.config.meta), strided
         fwd = dispatch.plan("auto", 65536, 2048, torch.bfloat16, torch.bfloat16, dev)
         entry = dispatch.stored(SM90, fused.FAMILY, torch.bfloat16, 2048, 65536)
         assert entry is not None and fwd.config == entry.config and "RELOAD" not in dict(fwd.config.meta)

@@ -579,6 +579,42 @@ def test_fused_backward_reload_matches_reference(dtype, N, rows, block, log, pad
     torch.testing.assert_close(results[plain.with_meta(RELOAD=1)], results[plain], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_backward_dense_matches_reference_and_refuses_other_layouts(dtype, log):
+    """DENSE (contiguous rows of exactly BLOCK_N, no mask, row r at r * BLOCK_N): one- and two-row tiles,
+    softmax and log_softmax, scale -0.5, a row that is one spike, against float64 and bit for bit against
+    RELOAD; a padded layout, a row shorter than the block or a row count not a multiple of ROWS raise."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    M, N = 6, 64
+    x = random_input((M, N), dtype, DEVICE, seed=11)
+    x[1, N // 2] = 60.0
+    ys = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
+    dy = random_input((M, N), dtype, DEVICE, seed=12)
+    family = backward_family("fused")
+    for rows in (1, 2):
+        results = {}
+        for meta in ({"RELOAD": 1, "DENSE": 1}, {"RELOAD": 1}):
+            dx = poisoned_like(dy)
+            back = family.prepare(matrix_problem(dy, dx), LaunchConfig.make(2, BLOCK_N=N, ROWS=rows, **meta),
+                                  device_info(dy.device), flags={"LOG": int(log)})
+            back(dy, dx, ys, -0.5)
+            assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
+            results[len(meta)] = dx
+        torch.testing.assert_close(results[2], results[1], rtol=0, atol=0)
+    dense = LaunchConfig.make(2, BLOCK_N=N, ROWS=2, RELOAD=1, DENSE=1)
+    padded = random_input((M, N + 8), dtype, DEVICE)[:, :N]
+    short = dy[:, : N - 8]
+    for a, b in ((padded, torch.empty_like(dy)), (dy, padded), (short, torch.empty_like(short)),
+                 (dy[:5], torch.empty_like(dy[:5]))):
+        with pytest.raises(ValueError, match="DENSE"):
+            family.prepare(matrix_problem(a, b), dense, device_info(dy.device), flags={"LOG": 0})
+
+
 def test_fused_backward_reload_configs_only_for_long_rows():
     """One-row configs of blocks of RELOAD_MIN_N and longer come with and without RELOAD; shorter blocks,
     rows held as half a block plus a tail (where RELOAD does nothing) and several-row configs never carry it."""

@@ -215,6 +215,38 @@ def test_gpu_gradients_long_and_few_rows(M, N, dtype, log):
     _check_grads(random_input((M, N), dtype, DEVICE, seed=N), log=log)
 
 
+def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
+    """Through the API, with a synthetic H200 and a reload table whose 64-element block is DENSE past 256 elements:
+    the backward of contiguous rows plans DENSE; a softmax over dim 0 (column stride 8) does not, nor the forward of
+    padded rows (whose output, and so the backward's tensors, empty_like makes contiguous); every gradient matches
+    float64."""
+    from synthetic_devices import SM90
+
+    from tritonsoftmax import api
+
+    monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
+    monkeypatch.setitem(dispatch.RELOAD_ROW_CONFIGS, 2, {64: (1, 2, 0, 256)})
+    monkeypatch.setitem(dispatch.RELOAD_DENSE_ROW_CONFIGS, 2, {64: (1, 2)})
+    seen = []
+    prepare = api._prepare
+    monkeypatch.setattr(api, "_prepare", lambda problem, x, y, impl, flags, backward: seen.append(
+        (backward, problem.rows_dense())) or prepare(problem, x, y, impl, flags, backward))
+    api.clear_caches()
+    try:
+        x = random_input((8, 64), torch.bfloat16, DEVICE, seed=3)
+        padded = random_input((8, 72), torch.bfloat16, DEVICE, seed=4)[:, :64]
+        for case, dim, dense_fwd, dense_bwd in ((x, -1, True, True), (x.t().contiguous(), 0, False, False),
+                                                (padded, -1, False, True)):
+            seen.clear()
+            _check_grads(case, dim)
+            assert seen == [(False, dense_fwd), (True, dense_bwd)], seen
+        plans = [k for k in dispatch._plans if k[6]]  # the backward plans
+        assert [dispatch._plans[k].config["DENSE"] for k in plans if k[8]] == [1]
+        assert all("DENSE" not in dict(getattr(dispatch._plans[k].config, "meta", ())) for k in plans if not k[8])
+    finally:
+        api.clear_caches()
+
+
 RELOAD_SHAPES = [(dt, block) for dt in (torch.float32, torch.bfloat16, torch.float16)
                  for block in dispatch.RELOAD_ROW_CONFIGS[dt.itemsize]]
 
@@ -237,6 +269,39 @@ def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype
     fused.launch_backward(dy, y, dx, p.config, scale=-0.5, log=log)
     assert not dx.isnan().any()
     assert_grad_close(dx, dy, y, scale=-0.5, log=log)
+
+
+DENSE_SHAPES = [(dt, block, rows) for dt in (torch.bfloat16, torch.float16)
+                for block, (rows, _) in dispatch.RELOAD_DENSE_ROW_CONFIGS[dt.itemsize].items()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,block,rows", DENSE_SHAPES, ids=str)
+@pytest.mark.parametrize("log", [False, True])
+def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, log):
+    """One program's rows past the reload entry's most elements, contiguous rows of exactly the block: the backward
+    through the API plans fused-bwd with DENSE, and dx (scale -0.5) matches float64 in every element, for an input
+    with contiguous rows and for one with padded rows (its output, and so the backward, is contiguous); the plan for
+    rows that are not dense has no DENSE config."""
+    from tritonsoftmax import api
+
+    M = dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][3] // block + rows
+    fn = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+    api.clear_caches()
+    for padded in (False, True):
+        base = random_input((M, block + (64 if padded else 0)), dtype, DEVICE, seed=block)
+        x = base[:, :block].detach().requires_grad_()
+        y = fn(x, -1, scale=-0.5)
+        dy = random_input((M, block), dtype, DEVICE, scale=1.0, seed=block + 1)
+        y.backward(dy)
+        keys = [k for k in dispatch._plans if k[6] and k[1:3] == (M, block) and k[3] == dtype]
+        assert len(keys) == 1 and keys[0][8] is True, keys  # the backward's y (empty_like) is contiguous either way
+        assert dispatch._plans[keys[0]].config["DENSE"] == 1
+        assert not x.grad.isnan().any()
+        assert_grad_close(x.grad, dy, y.detach(), scale=-0.5, log=log)
+        api.clear_caches()
+    strided = dispatch.plan("auto", M, block, dtype, dtype, torch.device(DEVICE), backward=True)
+    assert strided.config is None or "DENSE" not in dict(strided.config.meta)
 
 
 @pytest.mark.gpu

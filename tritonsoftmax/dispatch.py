@@ -190,6 +190,12 @@ HELD_MIN_BLOCK = 4096
 # it runs fused-bwd w16): bf16/fp16 512x32768 +3.4/+2.6 %, 768x32768 +6.9/+2.7 %, 1024x32768 +4.8/+2.4 %, 1024x32000
 # +5.0/+1.6 %; not taken: 300x32768 -6.5/-4.7 %, 4096x32768 -0.6/-0.6 %, 8192x32768 -1.0/-1.0 %, 4096x32000
 # -0.7/-1.0 %, 2048x31000 -5.6/-1.5 % (2048x32768 +1.6/+1.5 % in probe 123, which the bound leaves out with it).
+# Past the bound, contiguous rows of exactly 32768 (RowProblem.rows_dense) run the DENSE form (no mask, the row stride
+# a constant; 37-38 registers uncapped on triton 3.6, one 1024-thread program an SM), probe125.log, us, bf16/fp16 DENSE
+# against auto before and torch.compile: 2048 rows 101.1/100.0 against 104.4/102.4 and 102.2/100.6; 3072 147.0/144.6
+# against 151.1/149.5 and 148.9/146.7; 4096 193.0/190.4 against 197.4/196.4 and 191.6/192.3; 8192 377.0/371.3
+# against 387.0/383.9 and 377.5/374.5; 16384 742.0/732.5 against 758.0/759.3 and 745.0/740.0. (Capped at 32, DENSE
+# spills and ran like the capped RELOAD config; at 512-1024 rows uncapped DENSE ran 2-4 % behind the capped config.)
 RELOAD_FILL_PARTS = 16
 RELOAD_MAX_REGISTERS = 32
 RELOAD_MIN_THREADS_PER_SM = 2048
@@ -198,6 +204,7 @@ RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewes
         8192: (1, 16, 2**25, None), 16384: (1, 32, 5 * 2**21, None), 32768: (1, 32, 2**24, 2**25)},
     4: {2048: (2, 16, 2**24, None), 4096: (1, 16, 2**24, None)},
 }
+RELOAD_DENSE_ROW_CONFIGS = {2: {32768: (1, 32)}}  # element bytes -> {block: (rows a program, warps)}
 
 # 16-bit rows of this bucket so held run smem instead (smem_held_32k_rows): since session 21-22 smem cuts its
 # chunks to the row and starts them on 128-byte lines (kernels/smem.balanced_config), which the session-20
@@ -239,6 +246,7 @@ class Shape:
     device: DeviceInfo
     backward: bool = False
     aligned: bool = True  # every row starts on a 16-byte boundary (RowProblem.rows_aligned)
+    dense: bool = False  # input and output are contiguous rows, back to back (RowProblem.rows_dense)
 
 
 def few_rows(s: Shape) -> bool:
@@ -274,14 +282,19 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
 def reload_row_config(s: Shape) -> LaunchConfig | None:
     """For the backward of many rows (CUDA, RELOAD_MIN_THREADS_PER_SM threads an SM, rows on 16-byte boundaries) that
     fill their block, in the dtypes and blocks of RELOAD_ROW_CONFIGS and their element counts: fused-bwd's RELOAD config
-    for the block, held to RELOAD_MAX_REGISTERS registers a thread. Else None."""
+    for the block, held to RELOAD_MAX_REGISTERS registers a thread; past an entry's most elements, for dense rows of
+    exactly the block in RELOAD_DENSE_ROW_CONFIGS, its DENSE config (uncapped). Else None."""
     block = next_power_of_2(s.N)
     entry = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
     if (entry is None or not s.backward or not s.aligned or s.device.backend != "cuda"
             or s.device.max_threads_per_sm < RELOAD_MIN_THREADS_PER_SM
-            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]
-            or (entry[3] is not None and s.M * s.N > entry[3])):
+            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]):
         return None
+    if entry[3] is not None and s.M * s.N > entry[3]:
+        dense = RELOAD_DENSE_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
+        if dense is None or not s.dense or s.N != block or s.M % dense[0]:
+            return None
+        return LaunchConfig.make(dense[1], BLOCK_N=block, ROWS=dense[0], RELOAD=1, DENSE=1)
     rows, warps = entry[:2]
     return LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=RELOAD_MAX_REGISTERS)
 
@@ -472,11 +485,11 @@ def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int) -> tunin
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
-         device: torch.device, backward: bool = False, aligned: bool = True) -> Plan:
+         device: torch.device, backward: bool = False, aligned: bool = True, dense: bool = False) -> Plan:
     """The cached launch plan for one call shape (``impl`` already validated; ``aligned``: every
-    row starts on a 16-byte boundary). The backward runs the backward kernel of the family the
-    rules pick for it."""
-    key = (impl, M, N, dtype, out_dtype, device, backward, aligned)
+    row starts on a 16-byte boundary; ``dense``: input and output are contiguous rows, back to back).
+    The backward runs the backward kernel of the family the rules pick for it."""
+    key = (impl, M, N, dtype, out_dtype, device, backward, aligned, dense)
     p = _plans.get(key)
     if p is None:
         info = device_info(device)
@@ -486,7 +499,7 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
 
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
-        shape = Shape(M, N, dtype, info, backward, aligned)
+        shape = Shape(M, N, dtype, info, backward, aligned, dense)
         ruled = (held_row_config(shape) or reload_row_config(shape)) if name == "fused" else None
         entry = None if ruled else stored(info, fam, dtype, N, M)
         config = ruled or (entry.config if entry else None)

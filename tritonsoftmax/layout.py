@@ -56,6 +56,10 @@ class RowProblem:
         return all(t.col == 1 and (t.outer * size) % ALIGN_BYTES == 0 and (t.inner * size) % ALIGN_BYTES == 0
                    for t in (self.x, self.y) for size in element_sizes)
 
+    def rows_dense(self) -> bool:
+        """Whether input and output are both M contiguous rows of N, back to back (row r at r * N)."""
+        return self.inner == 1 and all(t.col == 1 and t.outer == self.N for t in (self.x, self.y))
+
     def kernel_args(self) -> tuple[int, ...]:
         """The shape/stride arguments every kernel takes after its two pointers."""
         return (self.M, self.N, self.inner, self.x.outer, self.x.inner, self.x.col,

@@ -644,6 +644,8 @@ class PreparedLaunch:
                  from_store: bool = False, flags: dict[str, int] | None = None):
         if config is None and not autotune_enabled():
             config = family.heuristic(device, problem.M, problem.N)
+        if config is not None and dict(config.meta).get("DENSE"):
+            check_dense(problem, config)
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
         self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC, TAIL): not tuned
@@ -849,6 +851,16 @@ def resident_programs(device: DeviceInfo, n_regs: int, num_warps: int, shared_by
     by_regs = (device.regs_per_sm // regs_per_warp) // num_warps
     by_smem = device.shared_mem_per_block // (shared_bytes + SMEM_RESERVED_PER_PROGRAM) if shared_bytes else by_threads
     return max(0, min(by_threads, by_regs, by_smem, MAX_PROGRAMS_PER_SM))
+
+
+def check_dense(problem: RowProblem, config: LaunchConfig) -> None:
+    """A DENSE config addresses row r at r * BLOCK_N with no mask: refuse a problem that is not M
+    contiguous rows of exactly BLOCK_N (input and output alike), M a multiple of ROWS."""
+    rows = dict(config.meta).get("ROWS", 1)
+    if not (problem.rows_dense() and problem.N == config["BLOCK_N"] and problem.M % rows == 0):
+        raise ValueError(f"a DENSE config ({config}) needs contiguous rows of exactly BLOCK_N, M a multiple of "
+                         f"ROWS; got M={problem.M}, N={problem.N}, row strides {problem.x.outer}/{problem.y.outer}, "
+                         f"column strides {problem.x.col}/{problem.y.col}, inner {problem.inner}")
 
 
 def check_same_layout(dy: torch.Tensor, y: torch.Tensor) -> None:

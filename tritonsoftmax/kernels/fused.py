@@ -185,7 +185,7 @@ def _softmax_fused_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -198,6 +198,10 @@ def _softmax_fused_bwd_kernel(
     sum and loaded again evict_first (from cache) for the write, as inductor's two-loop backward does,
     instead of being held across the reduction: fewer registers, so more programs an SM. The other
     paths ignore it.
+    DENSE (the RELOAD form; PreparedLaunch refuses any other problem): dy, y and dx are M contiguous
+    rows of exactly BLOCK_N, M a multiple of ROWS, so the tile needs no mask and row r starts at
+    r * BLOCK_N (a compile-time stride, 64-bit): run-time strides and masks cost registers the 32K
+    block cannot spare.
     """
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
@@ -217,6 +221,15 @@ def _softmax_fused_bwd_kernel(
         d_off_t = _tile_offsets(rows, cols_t, INNER, stride_d_outer, stride_d_inner, stride_d_col)
         tl.store(dx_ptr + d_off, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + d_off_t, grad_input(dy_t, y_t, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask_t)
+    elif DENSE:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        offs = rows.to(tl.int64)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        dy = tl.load(dy_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+        y = tl.load(y_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+        red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
+        dy = tl.load(dy_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        y = tl.load(y_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_ptr + offs, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty))
     elif ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
