@@ -171,15 +171,16 @@ DROP = tl.constexpr(2)  # EVICT: the last read of the data (evict_first)
 
 @triton.jit
 def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
-    """A tile as fp32 (masked lanes 0). EVICT: 0 the default L2 policy, KEEP or DROP (NVIDIA PTX
-    eviction priorities; a first pass marks what its second pass re-reads, as inductor's two-loop
-    reductions do)."""
+    """A tile as fp32 (masked lanes 0; ``mask`` None: every lane). EVICT: 0 the default L2 policy,
+    KEEP or DROP (NVIDIA PTX eviction priorities; a first pass marks what its second pass re-reads,
+    as inductor's two-loop reductions do)."""
+    other = None if mask is None else 0.0
     if EVICT == KEEP:
-        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+        x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
     elif EVICT == DROP:
-        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+        x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
     else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
+        x = tl.load(ptrs, mask=mask, other=other)
     return x.to(tl.float32)
 
 

@@ -224,11 +224,9 @@ def _softmax_fused_bwd_kernel(
     elif DENSE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         offs = rows.to(tl.int64)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        dy = tl.load(dy_ptr + offs, eviction_policy="evict_last").to(tl.float32)
-        y = tl.load(y_ptr + offs, eviction_policy="evict_last").to(tl.float32)
+        dy, y = load_f32(dy_ptr + offs, None, KEEP), load_f32(y_ptr + offs, None, KEEP)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
-        dy = tl.load(dy_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-        y = tl.load(y_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        dy, y = load_f32(dy_ptr + offs, None, DROP), load_f32(y_ptr + offs, None, DROP)
         tl.store(dx_ptr + offs, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty))
     elif ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
