@@ -116,7 +116,7 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 @pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
     """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more (16-bit 32K: at
-    most 2^25) of aligned rows that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs
+    most 3 x 2^24) of aligned rows that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs
     fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one row fewer (or one more than the
     most), a row one element shorter than 15/16 of the block, the forward, rows off 16 bytes, AMD, 1536 threads an SM
     and the blocks the table leaves out get None."""
@@ -128,7 +128,7 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
     for block, (rows, warps, elements, most) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
         assert elements == {(2, 1024): 3 * 2**22, (2, 8192): 2**25, (2, 16384): 5 * 2**21}.get((itemsize, block), 2**24)
-        assert most == {(2, 32768): 2**25}.get((itemsize, block)), block
+        assert most == {(2, 32768): 3 * 2**24}.get((itemsize, block)), block
         shortest = block - block // dispatch.RELOAD_FILL_PARTS
         fewest = -(-elements // shortest)
         many = most // block if most else 65536
@@ -167,6 +167,7 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
             assert reload(4096, 8192, dt=dt) is not None, "2^25 elements"
             assert reload(1024, 32000, dt=dt) is not None, "probe 124: +5.0/+1.6 %"
             assert reload(4096, 32768, dt=dt) is None and reload(300, 32768, dt=dt) is None, "probe 124: -0.6 %, -5 %"
+            assert reload(1536, 32768, dt=dt) is not None and reload(1537, 32768, dt=dt) is None, "probe 126"
 
 
 def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config(monkeypatch):

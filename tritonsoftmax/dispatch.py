@@ -163,7 +163,7 @@ HELD_MIN_BLOCK = 4096
 # programs fit an SM (reload_row_config), whatever the tuning table holds for the bucket. "Fill": at least
 # (RELOAD_FILL_PARTS - 1) / RELOAD_FILL_PARTS of the block; "many": the table's element count or more in all (2^24;
 # 16-bit: 12M for the 1K block, 10M for the 16K block, 2^25 for the 8K block), and for the 16-bit 32K block at most
-# 2^25 (512 to 1024 rows of 32768). What the configs buy is programs an SM
+# 3 x 2^24 (512 to 1536 rows of 32768). What the configs buy is programs an SM
 # (two of 32 warps, four of 16), so the rule also asks for RELOAD_MIN_THREADS_PER_SM threads an SM (H100/H200 and A100
 # have them; GPUs with 1536 do not); it was measured on the H200 only.
 # H200, session 24, kernel time, us, RELOAD against auto (session24-probes/probe116.log, probe117.log, probe118.log;
@@ -196,12 +196,16 @@ HELD_MIN_BLOCK = 4096
 # against 151.1/149.5 and 148.9/146.7; 4096 193.0/190.4 against 197.4/196.4 and 191.6/192.3; 8192 377.0/371.3
 # against 387.0/383.9 and 377.5/374.5; 16384 742.0/732.5 against 758.0/759.3 and 745.0/740.0. (Capped at 32, DENSE
 # spills and ran like the capped RELOAD config; at 512-1024 rows uncapped DENSE ran 2-4 % behind the capped config.)
+# Between (probe126.log, the capped config against DENSE, bf16/fp16): 1025 rows +3.2/+1.5 %, 1280 +3.5/+0.5 %, 1536
+# +3.0/+0.2 %, 1792 +1.0/-1.2 % (2048: -0.3/-0.7 %, probe 125), hence the bound at 3 x 2^24 (1536 rows of 32768).
+# Rows of the 32K bucket short of the block (15/16 of it or more) were measured at 1024 rows (32000: +5.0/+1.6 %)
+# and 2048 (31000: -5.6/-1.5 %), not between.
 RELOAD_FILL_PARTS = 16
 RELOAD_MAX_REGISTERS = 32
 RELOAD_MIN_THREADS_PER_SM = 2048
 RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all, most or None)}
     2: {1024: (2, 8, 3 * 2**22, None), 2048: (1, 8, 2**24, None), 4096: (1, 16, 2**24, None),
-        8192: (1, 16, 2**25, None), 16384: (1, 32, 5 * 2**21, None), 32768: (1, 32, 2**24, 2**25)},
+        8192: (1, 16, 2**25, None), 16384: (1, 32, 5 * 2**21, None), 32768: (1, 32, 2**24, 3 * 2**24)},
     4: {2048: (2, 16, 2**24, None), 4096: (1, 16, 2**24, None)},
 }
 RELOAD_DENSE_ROW_CONFIGS = {2: {32768: (1, 32)}}  # element bytes -> {block: (rows a program, warps)}
