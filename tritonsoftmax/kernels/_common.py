@@ -500,8 +500,8 @@ def c_launch_layout(run) -> int:
     return RUN_LAUNCHER
 
 
-def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args: tuple, current_stream,
-                  device_index: int):
+def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args: tuple,
+                  current_stream: Callable[[int], int], device_index: int) -> Callable[[list], None]:
     """A function of the leading kernel arguments (``x``, ``y`` and the extras as addresses and
     numbers) that starts the compiled kernel on the current stream, through ``run``'s C function
     where c_launch_layout allows; everything else a launch passes is fixed here, once.
