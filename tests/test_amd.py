@@ -11,7 +11,7 @@ import torch
 from tritonsoftmax import dispatch, tuning
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import DeviceInfo
-from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, online, split
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, fused, online, split
 from tritonsoftmax.kernels._common import PreparedLaunch
 from tritonsoftmax.layout import matrix_problem
 
@@ -67,12 +67,15 @@ def test_nvidia_only_load_hints_stay_behind_hints_and_off_on_amd():
     x = torch.randn(4, 64)
     problem = matrix_problem(x, torch.empty_like(x))
     hinted = [f for f in (online.FAMILY, online.BWD_FAMILY, coop.FAMILY, coop.BWD_FAMILY, *split.FAMILY.passes,
-                          *split.BWD_FAMILY.passes) if "HINTS" in f.kernel.arg_names]
-    assert len(hinted) == 8
+                          *split.BWD_FAMILY.passes, fused.BWD_FAMILY) if "HINTS" in f.kernel.arg_names]
+    assert len(hinted) == 9
     for fam in hinted:
         config = fam.heuristic(GFX942, 4, 64)
         assert PreparedLaunch(fam, problem, config, GFX942, flags={"LOG": 0}).flags["HINTS"] == 0
         assert "HINTS" not in PreparedLaunch(fam, problem, config, SM90, flags={"LOG": 0}).flags  # default 1
+    for N in (8192, 16384, 32768):  # fused-bwd's RELOAD configs: CUDA only
+        assert any(dict(c.meta).get("RELOAD") for c in fused.BWD_FAMILY.configs(SM90, 4096, N))
+        assert not any(dict(c.meta).get("RELOAD") for c in fused.BWD_FAMILY.configs(GFX942, 4096, N))
 
 
 def test_hip_tables_live_under_hip_arch(tmp_path, monkeypatch):

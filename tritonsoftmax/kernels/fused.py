@@ -185,7 +185,7 @@ def _softmax_fused_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0, HINTS: tl.constexpr = 1,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -202,6 +202,7 @@ def _softmax_fused_bwd_kernel(
     rows of exactly BLOCK_N, M a multiple of ROWS, so the tile needs no mask and row r starts at
     r * BLOCK_N (a compile-time stride, 64-bit): run-time strides and masks cost registers the 32K
     block cannot spare.
+    HINTS: RELOAD's and DENSE's eviction hints (NVIDIA PTX); 0 on AMD, where they load plainly twice.
     """
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
@@ -224,21 +225,21 @@ def _softmax_fused_bwd_kernel(
     elif DENSE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         offs = rows.to(tl.int64)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        dy, y = load_f32(dy_ptr + offs, None, KEEP), load_f32(y_ptr + offs, None, KEEP)
+        dy, y = load_f32(dy_ptr + offs, None, KEEP * HINTS), load_f32(y_ptr + offs, None, KEEP * HINTS)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
-        dy, y = load_f32(dy_ptr + offs, None, DROP), load_f32(y_ptr + offs, None, DROP)
+        dy, y = load_f32(dy_ptr + offs, None, DROP * HINTS), load_f32(y_ptr + offs, None, DROP * HINTS)
         tl.store(dx_ptr + offs, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty))
     elif ALIGN == 1 or ROWS > 1:
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
-        dy = load_f32(dy_ptr + g_off, mask, KEEP * RELOAD)
-        y = load_f32(y_ptr + g_off, mask, KEEP * RELOAD)
+        dy = load_f32(dy_ptr + g_off, mask, KEEP * RELOAD * HINTS)
+        y = load_f32(y_ptr + g_off, mask, KEEP * RELOAD * HINTS)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
         if RELOAD:  # distinct eviction policies keep the compiler from reusing the first loads' registers
-            dy = load_f32(dy_ptr + g_off, mask, DROP)
-            y = load_f32(y_ptr + g_off, mask, DROP)
+            dy = load_f32(dy_ptr + g_off, mask, DROP * HINTS)
+            y = load_f32(y_ptr + g_off, mask, DROP * HINTS)
         dx = grad_input(dy, y, red, scale, LOG)
         d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -323,10 +324,11 @@ def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     with it, 101.5 holding the row; uncapped it lost at 8192, 32768 and fp32: bench/NOTES.md, session 23, probe
     115), save for rows the kernel holds as half a block plus a tail (row_tail), where RELOAD does nothing. The
     configs the dispatcher gives the backward of many rows that fill their block (RELOAD with 32 registers a thread,
-    blocks of 1K-16K) come from dispatch.reload_row_config, not from this search space."""
+    blocks of 1K-32K) come from dispatch.reload_row_config, not from this search space. None on AMD, where RELOAD
+    has no eviction hints (HINTS = 0) and would only repeat the plain configs."""
     block_n = next_power_of_2(N)
     out = _configs(device, M, N, pipelined=False, max_per_thread=64 if block_n >= 16384 else 32)
-    if block_n >= RELOAD_MIN_N and not _common.row_tail(N, block_n):
+    if block_n >= RELOAD_MIN_N and not _common.row_tail(N, block_n) and not device.is_hip:
         out += [c.with_meta(RELOAD=1) for c in out if c["ROWS"] == 1]
     return out
 
