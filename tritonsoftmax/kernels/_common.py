@@ -718,10 +718,10 @@ class PreparedLaunch:
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             self._compiled = compiled  # kept for diagnostics (registers, spills)
             self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
-            self._grid3 = tuple(grid) + (1,) * (3 - len(grid))
-            self._runner = compiled[self._grid3]  # loads the module on the device
+            grid3 = tuple(grid) + (1,) * (3 - len(grid))
+            self._runner = compiled[grid3]  # loads the module on the device
             dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            self._warm = warm_launcher(compiled.run, self._grid3, compiled.function, compiled.packed_metadata,
+            self._warm = warm_launcher(compiled.run, grid3, compiled.function, compiled.packed_metadata,
                                        (*self.tail, *self._meta), driver.active.get_current_stream, dev)
             self._aligned = aligned
 
