@@ -530,6 +530,18 @@ def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args:
     return start
 
 
+def _hooked_runner(compiled, grid3: tuple, packed_metadata, device_index: int) -> Callable:
+    """What ``compiled[grid3]`` gives (a launch that calls the launch hooks a profiler installs),
+    with the given packed metadata instead of the compiled kernel's (cluster mode)."""
+
+    def runner(*args):
+        stream = driver.active.get_current_stream(device_index)
+        compiled.run(*grid3, stream, compiled.function, packed_metadata, compiled.launch_metadata(grid3, stream, *args),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *args)
+
+    return runner
+
+
 def constexpr_values(kernel, meta: dict) -> tuple:
     """The values a compiled kernel's launcher takes after the runtime arguments: each of
     ``kernel``'s parameters named in ``meta``, or left to its default (e.g. fused's STAGES), in
@@ -642,7 +654,11 @@ class PreparedLaunch:
     """
 
     def __init__(self, family: Family, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                 from_store: bool = False, flags: dict[str, int] | None = None):
+                 from_store: bool = False, flags: dict[str, int] | None = None, cluster: int = 0,
+                 cluster_smem: int = 0):
+        if cluster and config is None:
+            raise ValueError("a cluster launch needs a config")
+        self.cluster, self.cluster_smem = cluster, cluster_smem
         if config is None and not autotune_enabled():
             config = family.heuristic(device, problem.M, problem.N)
         if config is not None and dict(config.meta).get("DENSE"):
@@ -713,6 +729,9 @@ class PreparedLaunch:
         return kwargs, self.family.grid(self.problem.M, self.problem.N, kwargs, self.device)
 
     def _launch_config(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
+        if self.cluster:
+            self._start_clusters(x, y, extra, aligned)
+            return
         kwargs, grid = self._kwargs_grid()
         compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags, **COMPILE_OPTIONS)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
@@ -724,6 +743,32 @@ class PreparedLaunch:
             self._warm = warm_launcher(compiled.run, grid3, compiled.function, compiled.packed_metadata,
                                        (*self.tail, *self._meta), driver.active.get_current_stream, dev)
             self._aligned = aligned
+
+    def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
+        """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
+        ``cluster`` consecutive programs, with ``cluster_smem`` bytes of dynamic shared memory past
+        what it uses (cluster.py's slots). Triton's own launch cannot: its num_ctas is also a
+        compile option, which splits every tensor over the cluster. Its launcher (triton 3.6-3.9)
+        takes the cluster size from the packed metadata's num_ctas and starts grid[0] x num_ctas
+        programs, so the grid is the family's divided by ``cluster``."""
+        compiled = self.compile(x, y, *extra)
+        packed = getattr(compiled, "packed_metadata", None)
+        if not (isinstance(packed, tuple) and len(packed) == 3):
+            raise RuntimeError(f"cluster launch: unknown launch metadata {packed!r} (triton {triton.__version__})")
+        num_warps, _, shared = packed
+        packed = (num_warps, self.cluster, -(-shared // 16) * 16 + self.cluster_smem)
+        _, grid = self._kwargs_grid()
+        if len(grid) != 1 or grid[0] % self.cluster:
+            raise ValueError(f"cluster launch: grid {grid} is not whole clusters of {self.cluster}")
+        grid3 = (grid[0] // self.cluster, 1, 1)
+        self._compiled = compiled
+        self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        self._runner = _hooked_runner(compiled, grid3, packed, dev)
+        self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed, (*self.tail, *self._meta),
+                                   driver.active.get_current_stream, dev)
+        self._aligned = aligned
+        self._warm(_raw_args(x, y, extra)[0])
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N

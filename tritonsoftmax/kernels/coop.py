@@ -65,6 +65,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
+from .cluster import SLOT_BYTES, cluster_arrive, cluster_exchange
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -78,6 +79,9 @@ WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
 PER_WORD_CHUNKS = (8, 16)  # per_word_departure: the chunks a row may have
 PER_WORD_ROWS_PER_SM = 4  # per_word_departure: the rows an SM it needs at least
 COOPERATIVE_LAUNCH = {"launch_cooperative_grid": 1}  # CUDA launch option: every program resident at once
+CLUSTER_SIZES = (2, 3, 4, 5, 6, 7, 8, 16)  # chunks a row in cluster mode: 8 is CUDA's portable most; Triton's
+# launcher allows the non-portable 16 (H100/H200) but nothing between
+CLUSTER_MIN_SM = 90  # distributed shared memory and barrier.cluster: sm_90+
 
 
 @triton.jit
@@ -292,7 +296,7 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -315,7 +319,8 @@ def _softmax_coop_fwd_kernel(
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
+    started = cluster_arrive() if CLUSTER else 0
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT or CLUSTER)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
@@ -344,7 +349,12 @@ def _softmax_coop_fwd_kernel(
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
-    m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
+    if CLUSTER:
+        m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
+        m_r, s_r = combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
+        seen = gs * 0
+    else:
+        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         y_row = y_ptr + y_base
         if TILES == 1:
@@ -370,7 +380,7 @@ def _softmax_coop_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk, publishes it (exchange_sum: one int64 word a program, 2 floats of ws), waits for its
@@ -384,7 +394,8 @@ def _softmax_coop_bwd_kernel(
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     G = tl.cdiv(N, TILES * BLOCK)
-    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
+    started = cluster_arrive() if CLUSTER else 0
+    ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT or CLUSTER)
     row = ticket // G
     chunk = ticket % G
     first = chunk * (TILES * BLOCK)
@@ -408,7 +419,12 @@ def _softmax_coop_bwd_kernel(
             part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                                    ALIGN)
     gs = tl.arange(0, BLOCK_G)
-    red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
+    if CLUSTER:
+        part_g, _ = cluster_exchange(part, 0.0, G, gs, started, BLOCK_G)
+        red = tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)
+        seen = gs * 0
+    else:
+        red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
     if PHASE != 1:
         d_row = dx_ptr + d_base
         if TILES == 1:
@@ -429,6 +445,14 @@ def _softmax_coop_bwd_kernel(
 def max_chunks(device: DeviceInfo) -> int:
     """The most programs a row may have: the forward-progress argument needs G <= SM count."""
     return max(1, device.sm_count)
+
+
+def cluster_mode(config: LaunchConfig, G: int, device: DeviceInfo, two_phase: bool) -> bool:
+    """Whether a single launch runs each row's G programs as one CTA cluster that exchanges through
+    shared memory (cluster.py): asked for by the config (CLUSTER 1), on NVIDIA sm_90+, with G one of
+    CLUSTER_SIZES."""
+    return (bool(dict(config.meta).get("CLUSTER")) and not two_phase and device.backend == "cuda"
+            and device.sm_version >= CLUSTER_MIN_SM and G in CLUSTER_SIZES)
 
 
 def per_word_departure(G: int, M: int, device: DeviceInfo) -> bool:
@@ -546,6 +570,13 @@ class CoopLaunch:
         # What the kernels run: the config, or with depart's PER_WORD a BLOCK_G of at least the
         # program's threads (no lane of the exchange replicated); __call__ returns the config.
         run = self.config
+        self.resident_error = self.cluster_error = None
+        self._resident = self._cluster = None
+        if cluster_mode(run, g, device, two_phase):
+            self._cluster = PreparedLaunch(family, problem, run, device, flags={**flags, "PHASE": 0},
+                                           cluster=g, cluster_smem=SLOT_BYTES * run["BLOCK_G"])
+        if "CLUSTER" in dict(run.meta):
+            run = run.with_meta(CLUSTER=0)
         self.per_word = family.departs_per_word and not two_phase and per_word_departure(g, problem.M, device)
         if self.per_word:
             flags["PER_WORD"] = 1
@@ -554,8 +585,6 @@ class CoopLaunch:
         self.launches = [PreparedLaunch(family, problem, run, device, flags={**flags, "PHASE": p})
                          for p in phases]
         self.mode = "two-phase" if two_phase else "ticketed"
-        self.resident_error: str | None = None
-        self._resident = None
         self.programs = problem.M * g
         # What threads and the block limit alone allow (registers only lower it): beyond that the
         # cooperative variant is not even compiled (many rows, e.g. 4096 x G programs).
@@ -569,6 +598,14 @@ class CoopLaunch:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         ws, sync = scratch(x.device, self.ws_words, self.sync_words)
+        if self._cluster is not None:
+            cluster, self._cluster = self._cluster, None
+            try:
+                cluster(x, y, ws, sync, *extra)
+                self.launches, self.mode, self._resident = [cluster], "cluster", None
+                return self.config
+            except Exception as e:  # a launch the driver refuses starts nothing; the other modes remain
+                self.cluster_error = f"{type(e).__name__}: {e}"
         if self._resident is not None:
             self._first_resident_call(x, y, ws, sync, extra)
             return self.config
