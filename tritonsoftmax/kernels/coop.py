@@ -65,7 +65,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
-from .cluster import SLOT_BYTES, cluster_arrive, cluster_exchange
+from .cluster import SLOT_BYTES, cluster_arrive, cluster_max_sum, cluster_sum
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -350,8 +350,7 @@ def _softmax_coop_fwd_kernel(
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
-        m_r, s_r = combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
+        m_r, s_r = cluster_max_sum(m, s, G, started, BLOCK_G)
         seen = gs * 0
     else:
         m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
@@ -420,8 +419,7 @@ def _softmax_coop_bwd_kernel(
                                    ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        part_g, _ = cluster_exchange(part, 0.0, G, gs, started, BLOCK_G)
-        red = tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)
+        red = cluster_sum(part, G, started, BLOCK_G)
         seen = gs * 0
     else:
         red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
@@ -480,12 +478,17 @@ def shape_config(device: DeviceInfo, N: int, block: int, num_warps: int, min_til
 
 
 def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
+    """Every BLOCK with 4-64 values a thread; where the device has clusters and a row's chunks make
+    one (CLUSTER_SIZES), each such config also in cluster mode (CLUSTER 1)."""
     out = []
     for block in BLOCKS:
         if block > max(BLOCKS[0], next_power_of_2(N)):
             continue
         for nw in _common.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
-            out.append(shape_config(device, N, block, nw))
+            config = shape_config(device, N, block, nw)
+            out.append(config)
+            if cluster_mode(config.with_meta(CLUSTER=1), chunks(N, dict(config.meta)), device, False):
+                out.append(config.with_meta(CLUSTER=1))
     return _common.with_backend_options(device, out)
 
 
