@@ -21,10 +21,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exp
-
-NEG_INF = tl.constexpr(float("-inf"))
-
 SLOT_BYTES = 8  # one (float32, float32) pair a program
 
 # The address of slot i of this program's own shared memory (the slots close the dynamic shared memory).
@@ -80,44 +76,14 @@ def cluster_arrive():
 
 
 @triton.jit
-def cluster_publish(a, b, G, started, BLOCK_G: tl.constexpr):
-    """This program's float32 pair (a, b) into slot ``%cluster_ctarank`` of each of the cluster's G
-    programs' shared memory (thread t < G writes program t's), then one cluster barrier: after it
-    every slot below G holds its program's pair. ``started``: cluster_arrive's result (ties the
-    order). Returns 0, for cluster_slot's order."""
-    return tl.inline_asm_elementwise(_PUBLISH, "=r,f,f,r,r", [a, b, G + started, BLOCK_G * 8], dtype=tl.int32,
+def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
+    """Every program's pair of the cluster, over the lanes ``gs`` (0 .. BLOCK_G - 1): this program's
+    float32 pair (a, b) goes into slot ``%cluster_ctarank`` of each of the G programs' shared memory
+    (thread t < G writes program t's), then one cluster barrier, then lane i reads slot i here.
+    Lanes at or past G read slots nobody wrote: the caller masks them. ``started``: cluster_arrive's
+    result (ties the order). Returns (a_i, b_i) as BLOCK_G-lane float32 tensors."""
+    slots = BLOCK_G * 8
+    done = tl.inline_asm_elementwise(_PUBLISH, "=r,f,f,r,r", [a, b, G + started, slots], dtype=tl.int32,
                                      is_pure=False, pack=1)
-
-
-@triton.jit
-def cluster_slot(i, done, BLOCK_G: tl.constexpr):
-    """Slot i's pair, read from this program's shared memory (``done``: cluster_publish's result)."""
-    return tl.inline_asm_elementwise(_READ, "=f,=f,r,r", [i + done, BLOCK_G * 8], dtype=(tl.float32, tl.float32),
+    return tl.inline_asm_elementwise(_READ, "=f,=f,r,r", [gs + done, slots], dtype=(tl.float32, tl.float32),
                                      is_pure=False, pack=1)
-
-
-@triton.jit
-def cluster_max_sum(m, s, G, started, BLOCK_G: tl.constexpr):
-    """The row's (max, sum) from the G programs' (chunk max, sum of exp(z - chunk max)) pairs. Each
-    thread reads the slots and combines them itself (scalars, no reduction across threads)."""
-    done = cluster_publish(m, s, G, started, BLOCK_G)
-    m_r = NEG_INF
-    for i in tl.static_range(BLOCK_G):
-        m_i, _ = cluster_slot(i, done, BLOCK_G)
-        m_r = tl.maximum(m_r, tl.where(i < G, m_i, NEG_INF))
-    s_r = 0.0
-    for i in tl.static_range(BLOCK_G):
-        m_i, s_i = cluster_slot(i, done, BLOCK_G)
-        s_r += tl.where((i < G) & (m_i != NEG_INF), s_i * exp(m_i - m_r), 0.0)
-    return m_r, s_r
-
-
-@triton.jit
-def cluster_sum(part, G, started, BLOCK_G: tl.constexpr):
-    """The row's sum of the G programs' partial sums (cluster_max_sum's exchange, one value a slot)."""
-    done = cluster_publish(part, 0.0, G, started, BLOCK_G)
-    red = 0.0
-    for i in tl.static_range(BLOCK_G):
-        p_i, _ = cluster_slot(i, done, BLOCK_G)
-        red += tl.where(i < G, p_i, 0.0)
-    return red

@@ -65,7 +65,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
-from .cluster import SLOT_BYTES, cluster_arrive, cluster_max_sum, cluster_sum
+from .cluster import SLOT_BYTES, cluster_arrive, cluster_exchange
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -350,7 +350,8 @@ def _softmax_coop_fwd_kernel(
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        m_r, s_r = cluster_max_sum(m, s, G, started, BLOCK_G)
+        m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
+        m_r, s_r = combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
         seen = gs * 0
     else:
         m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
@@ -419,7 +420,8 @@ def _softmax_coop_bwd_kernel(
                                    ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        red = cluster_sum(part, G, started, BLOCK_G)
+        part_g, _ = cluster_exchange(part, 0.0, G, gs, started, BLOCK_G)
+        red = tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)
         seen = gs * 0
     else:
         red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)

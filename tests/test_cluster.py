@@ -1,0 +1,270 @@
+"""Coop's cluster mode (kernels/cluster.py): a row's G programs as one CTA cluster exchanging their
+partials through each other's shared memory. The CPU checks the choice, the set-up and the PTX; the GPU
+checks the results (a cluster launch cannot run under the interpreter)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from compile_scripts import run_compile_script
+from conftest import DEVICE
+from softmax_ref import assert_grad_close, assert_softmax_close, poisoned_like, random_input
+from synthetic_devices import GFX942, SM75, SM90
+
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import device_info
+from tritonsoftmax.kernels import _common, coop
+from tritonsoftmax.kernels.cluster import SLOT_BYTES
+from tritonsoftmax.layout import matrix_problem
+
+FWD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
+SM89 = dataclasses.replace(SM90, arch="sm_89", name="NVIDIA L40S")
+
+
+def clustered(config: LaunchConfig) -> bool:
+    return bool(dict(config.meta).get("CLUSTER"))
+
+
+def cluster_config(N: int, block: int, warps: int = 8, device=SM90) -> LaunchConfig:
+    return coop.shape_config(device, N, block, warps).with_meta(CLUSTER=1)
+
+
+# ---------------------------------------------------------------- the choice (CPU)
+
+@pytest.mark.parametrize("G,device,two_phase,want", [
+    (16, SM90, False, True), (8, SM90, False, True), (5, SM90, False, True), (2, SM90, False, True),
+    (1, SM90, False, False),  # one chunk: nothing to exchange
+    (12, SM90, False, False),  # 9-15: neither portable nor Triton's launcher's non-portable 16
+    (32, SM90, False, False), (16, SM90, True, False),
+    (16, SM89, False, False), (16, SM75, False, False), (16, GFX942, False, False)])
+def test_cluster_mode_needs_sm90_a_single_launch_and_a_cluster_size(G, device, two_phase, want):
+    assert coop.cluster_mode(LaunchConfig.make(8, BLOCK=8192, CLUSTER=1), G, device, two_phase) is want
+    assert coop.cluster_mode(LaunchConfig.make(8, BLOCK=8192), G, device, two_phase) is False
+
+
+def test_search_space_offers_cluster_mode_where_a_row_makes_a_cluster():
+    space = coop._configs(SM90, 8, 131072)
+    offered = [c for c in space if clustered(c)]
+    assert {c["BLOCK"] for c in offered} == {8192, 16384}  # 16 and 8 chunks; 4096 makes 32
+    for c in offered:  # each beside the same config without it
+        assert LaunchConfig.make(c.num_warps, **{k: v for k, v in c.meta if k != "CLUSTER"}) in space
+    for device in (SM89, SM75, GFX942):
+        assert not any(clustered(c) for c in coop._configs(device, 8, 131072))
+    assert not any(clustered(c) for c in coop._configs(SM90, 8, 1024))  # one chunk a row
+
+
+def test_coop_launch_prepares_the_cluster_launch_and_a_fallback():
+    x = torch.empty(8, 131072)
+    config = cluster_config(131072, 8192)
+    launch = coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, flags=FWD_FLAGS, two_phase=False)
+    assert launch._cluster.cluster == 16 and launch._cluster.cluster_smem == SLOT_BYTES * 16
+    assert launch._cluster.config["CLUSTER"] == 1 and launch._cluster.flags["PHASE"] == 0
+    # What runs should the driver refuse the cluster launch: the same config without it.
+    assert [p.config["CLUSTER"] for p in launch.launches] == [0]
+    assert launch._resident is not None and launch._resident.config["CLUSTER"] == 0
+    assert launch.mode == "ticketed" and launch.config == config  # decided on the first call
+
+
+def test_a_cluster_launch_needs_a_config():
+    x = torch.empty(8, 131072)
+    with pytest.raises(ValueError, match="needs a config"):
+        _common.PreparedLaunch(coop.FAMILY, matrix_problem(x, x), None, SM90, cluster=16, cluster_smem=128)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's two launches")
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_cluster_config_under_the_interpreter_runs_two_phases(backward):
+    """The interpreter cannot run programs together: CLUSTER is turned off and the two launches run."""
+    M, N = 3, 5000
+    config = cluster_config(N, 1024, 1)  # 5 chunks
+    x = random_input((M, N), torch.float32, DEVICE, seed=5)
+    info = device_info(x.device)
+    if backward:
+        y = torch.softmax(x, -1)
+        dy = random_input((M, N), torch.float32, DEVICE, seed=6)
+        dx = poisoned_like(x)
+        launch = coop.BWD_FAMILY.prepare(matrix_problem(dy, dx), config, info, flags={"LOG": 0})
+        launch(dy, dx, y, 1.0)
+        assert_grad_close(dx, dy, y)
+    else:
+        y = poisoned_like(x)
+        launch = coop.FAMILY.prepare(matrix_problem(x, y), config, info, flags=FWD_FLAGS)
+        launch(x, y, 1.0)
+        assert_softmax_close(y, x)
+    assert launch.mode == "two-phase"
+    assert all(p.config["CLUSTER"] == 0 for p in launch.launches)
+
+
+# ---------------------------------------------------------------- the PTX (CPU, offline sm_90 compile)
+
+CLUSTER_CASES = [["fwd", {"CLUSTER": 1, "BLOCK_G": 16, "BLOCK": 8192}],
+                 ["bwd", {"CLUSTER": 1, "BLOCK_G": 16, "BLOCK": 8192}],
+                 ["fwd", {"CLUSTER": 0, "BLOCK_G": 16, "BLOCK": 8192, "RESIDENT": 1}]]
+
+
+@pytest.fixture(scope="module")
+def cluster_ptx() -> list:
+    return run_compile_script("coop_compile.py", "cuda:90", json.dumps(CLUSTER_CASES))
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["fwd", "bwd"])
+def test_cluster_exchange_ptx(cluster_ptx, case):
+    """Started, then waited for before the remote stores; one release/acquire barrier after them; the
+    slots found from the dynamic shared memory's size; no workspace atomics, no polling."""
+    ptx = cluster_ptx[case]
+    order = ["barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned", "mapa.shared::cluster.u32",
+             "st.shared::cluster.v2.f32", "barrier.cluster.arrive.release.aligned",
+             "barrier.cluster.wait.acquire.aligned", "ld.shared.v2.f32"]
+    at = [ptx.find(op) for op in order]
+    assert all(a >= 0 for a in at), dict(zip(order, at, strict=True))
+    assert at == sorted(at), dict(zip(order, at, strict=True))
+    assert ptx.find("ld.global") < at[2], "the chunk's loads come before the exchange"
+    assert "%dynamic_smem_size" in ptx and "global_smem" in ptx
+    assert "atom." not in ptx and "ld.volatile" not in ptx
+
+
+def test_without_cluster_no_cluster_instructions(cluster_ptx):
+    assert "barrier.cluster" not in cluster_ptx[2] and "mapa" not in cluster_ptx[2]
+
+
+# ---------------------------------------------------------------- on the GPU
+
+def _run_forward(x, config, log=False):
+    y = poisoned_like(x)
+    launch = coop.FAMILY.prepare(matrix_problem(x, y), config, device_info(x.device),
+                                 flags={"LOG": int(log), "ZERO_MASKED": 0})
+    launch(x, y, 1.0)
+    return launch, y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N,block", [(8, 131072, 8192), (8, 131072, 16384), (3, 131067, 8192), (5, 40000, 8192),
+                                       (1, 16384, 8192), (2, 1000, 128)])
+def test_gpu_cluster_forward(M, N, block, dtype):
+    x = random_input((M, N), dtype, DEVICE, seed=N + M)
+    launch, y = _run_forward(x, cluster_config(N, block, 8 if block >= 8192 else 1, device_info(x.device)))
+    assert launch.mode == "cluster", launch.cluster_error
+    assert_softmax_close(y, x)
+    for _ in range(3):  # warm calls: the same launch again, the same result
+        y2 = poisoned_like(x)
+        launch(x, y2, 1.0)
+        assert torch.equal(y, y2)
+    _, logy = _run_forward(x, launch.config, log=True)
+    ref = torch.log_softmax(x.double(), -1)
+    assert (logy.double() - ref).abs().max().item() <= {torch.float32: 2e-5}.get(dtype, 4e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("M,N,block", [(8, 131072, 8192), (4, 131067, 16384)])
+def test_gpu_cluster_backward(M, N, block, dtype, log):
+    x = random_input((M, N), dtype, DEVICE, seed=N)
+    y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    dx = poisoned_like(x)
+    launch = coop.BWD_FAMILY.prepare(matrix_problem(dy, dx), cluster_config(N, block, 8, device_info(x.device)),
+                                     device_info(x.device), flags={"LOG": int(log)})
+    launch(dy, dx, y, 1.0)
+    assert launch.mode == "cluster", launch.cluster_error
+    assert_grad_close(dx, dy, y, 1.0, log)
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_extreme_values_and_strided_rows():
+    """-inf entries, a whole -inf chunk, huge magnitudes; rows 2 bytes off 16 (realigned) and a softmax
+    down the columns of a row-major matrix (a column stride)."""
+    N = 131072
+    x = random_input((6, N), torch.float32, DEVICE, seed=9)
+    x[0, ::7] = float("-inf")
+    x[1, 8192:16384] = float("-inf")  # chunk 1 of 16 holds nothing but -inf
+    x[2] *= 1e4
+    x[3, 5] = 3e38
+    x[4] = -1e30
+    launch, y = _run_forward(x, cluster_config(N, 8192, 8, device_info(x.device)))
+    assert launch.mode == "cluster", launch.cluster_error
+    assert_softmax_close(y, x)
+    base = random_input((4, N + 1), torch.bfloat16, DEVICE, seed=10)
+    launch, y = _run_forward(base[:, 1:], cluster_config(N, 8192, 8, device_info(base.device)))
+    assert launch.mode == "cluster" and launch.launches[0].flags["ALIGN"] > 1
+    assert_softmax_close(y, base[:, 1:])
+    cols = random_input((N, 3), torch.float16, DEVICE, seed=11)
+    y = poisoned_like(cols)
+    launch = coop.FAMILY.prepare(matrix_problem(cols.t(), y.t()), cluster_config(N, 8192, 8, device_info(cols.device)),
+                                 device_info(cols.device), flags=FWD_FLAGS)
+    launch(cols.t(), y.t(), 1.0)
+    assert launch.mode == "cluster", launch.cluster_error
+    assert_softmax_close(y, cols, dim=0)
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_launch_more_than_2_pow_31_elements():
+    M, N = 16385, 131072  # 2^31 + 131072 elements, bf16
+    x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
+    launch, y = _run_forward(x, cluster_config(N, 8192, 8, device_info(x.device)))
+    assert launch.mode == "cluster", launch.cluster_error
+    worst = 0.0
+    for r in range(0, M, 1024):
+        ref = torch.softmax(x[r:r + 1024].double(), -1)
+        worst = max(worst, (y[r:r + 1024].double() - ref).abs().max().item())
+    assert worst <= 8e-3, f"max abs error {worst}"
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_launch_in_a_cuda_graph_and_under_launch_hooks():
+    from triton import knobs
+
+    x = random_input((4, 131072), torch.bfloat16, DEVICE, seed=12)
+    launch, y = _run_forward(x, cluster_config(131072, 8192, 8, device_info(x.device)))
+    assert launch.mode == "cluster", launch.cluster_error
+    want = y.clone()
+    out = poisoned_like(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        launch(x, out, 1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("this triton has no HookChain launch hooks")
+    calls = []
+    fn = lambda metadata: calls.append(metadata)  # noqa: E731
+    hook.add(fn)
+    try:
+        out = poisoned_like(x)
+        launch(x, out, 1.0)  # Triton's runner path, with the cluster's launch metadata
+    finally:
+        hook.remove(fn)
+    assert len(calls) == 1 and torch.equal(out, want)
+
+
+@pytest.mark.gpu
+def test_gpu_refused_cluster_launch_falls_back(monkeypatch):
+    def refuse(self, *args):
+        raise RuntimeError("cluster launch refused (test)")
+
+    monkeypatch.setattr(_common.PreparedLaunch, "_start_clusters", refuse)
+    x = random_input((8, 131072), torch.float16, DEVICE, seed=13)
+    launch, y = _run_forward(x, cluster_config(131072, 8192, 8, device_info(x.device)))
+    assert launch.mode == "resident" and "refused" in launch.cluster_error
+    assert_softmax_close(y, x)
+
+
+@pytest.mark.gpu
+def test_gpu_api_takes_a_stored_cluster_config():
+    """Through tritonsoftmax.softmax: a tuning-table entry with CLUSTER 1 runs in cluster mode."""
+    import tritonsoftmax
+    from tritonsoftmax import api, dispatch
+
+    x = random_input((4, 131072), torch.bfloat16, DEVICE, seed=14)
+    plan = dispatch.plan("auto", 4, 131072, x.dtype, x.dtype, x.device, False, True, True)
+    if plan.family.name != "coop" or not plan.config or not clustered(plan.config):
+        pytest.fail(f"the table's 4x131072 bf16 entry is {plan.family.name} {plan.config}: expected coop CLUSTER 1")
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    modes = [getattr(p, "mode", None) for p, _ in api._prepared.values()]
+    assert "cluster" in modes, modes
