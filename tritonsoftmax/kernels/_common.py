@@ -530,6 +530,23 @@ def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args:
     return start
 
 
+PORTABLE_CLUSTER = 8  # the most CTAs a cluster may have without the function's non-portable attribute
+
+
+def allow_cluster(function: int, shared_bytes: int, cluster: int) -> None:
+    """Let ``function`` (a loaded CUfunction) start as clusters of ``cluster`` > 8 CTAs with
+    ``shared_bytes`` of dynamic shared memory, or raise. Triton's launcher sets the non-portable
+    attribute for clusters of exactly 16 only; its cuOccupancyMaxActiveClusters (triton 3.6-3.9)
+    sets it, with the dynamic shared memory limit, on the function it is asked about, and answers how
+    many such clusters fit at once (for 128-thread CTAs), which must be at least one."""
+    ask = getattr(driver.active.utils, "cuOccupancyMaxActiveClusters", None)
+    if ask is None:
+        raise RuntimeError(f"this triton ({triton.__version__}) cannot start clusters of {cluster}")
+    fits = ask(function, shared_bytes, cluster)
+    if fits < 1:
+        raise RuntimeError(f"no cluster of {cluster} CTAs fits on this GPU ({fits})")
+
+
 def _hooked_runner(compiled, grid3: tuple, packed_metadata, device_index: int) -> Callable:
     """What ``compiled[grid3]`` gives (a launch that calls the launch hooks a profiler installs),
     with the given packed metadata instead of the compiled kernel's (cluster mode)."""
@@ -757,6 +774,8 @@ class PreparedLaunch:
             raise RuntimeError(f"cluster launch: unknown launch metadata {packed!r} (triton {triton.__version__})")
         num_warps, _, shared = packed
         packed = (num_warps, self.cluster, -(-shared // 16) * 16 + self.cluster_smem)
+        if self.cluster > PORTABLE_CLUSTER:
+            allow_cluster(compiled.function, packed[2], self.cluster)
         _, grid = self._kwargs_grid()
         if len(grid) != 1 or grid[0] % self.cluster:
             raise ValueError(f"cluster launch: grid {grid} is not whole clusters of {self.cluster}")

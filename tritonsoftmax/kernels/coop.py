@@ -79,9 +79,9 @@ WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
 PER_WORD_CHUNKS = (8, 16)  # per_word_departure: the chunks a row may have
 PER_WORD_ROWS_PER_SM = 4  # per_word_departure: the rows an SM it needs at least
 COOPERATIVE_LAUNCH = {"launch_cooperative_grid": 1}  # CUDA launch option: every program resident at once
-CLUSTER_SIZES = (2, 3, 4, 5, 6, 7, 8, 16)  # chunks a row in cluster mode: 8 is CUDA's portable most; Triton's
-# launcher allows the non-portable 16 (H100/H200) but nothing between
+CLUSTER_SIZES = range(2, 17)  # chunks a row in cluster mode: 8 is CUDA's portable most, 16 the H100/H200's
 CLUSTER_MIN_SM = 90  # distributed shared memory and barrier.cluster: sm_90+
+CLUSTER_MIN_WARPS = 2  # a one-warp program's reductions need no shared memory, and then Triton declares none
 
 
 @triton.jit
@@ -450,9 +450,11 @@ def max_chunks(device: DeviceInfo) -> int:
 def cluster_mode(config: LaunchConfig, G: int, device: DeviceInfo, two_phase: bool) -> bool:
     """Whether a single launch runs each row's G programs as one CTA cluster that exchanges through
     shared memory (cluster.py): asked for by the config (CLUSTER 1), on NVIDIA sm_90+, with G one of
-    CLUSTER_SIZES."""
+    CLUSTER_SIZES and at least CLUSTER_MIN_WARPS warps (cluster.py finds its slots from Triton's
+    shared memory symbol, which a kernel that uses no shared memory lacks)."""
     return (bool(dict(config.meta).get("CLUSTER")) and not two_phase and device.backend == "cuda"
-            and device.sm_version >= CLUSTER_MIN_SM and G in CLUSTER_SIZES)
+            and device.sm_version >= CLUSTER_MIN_SM and G in CLUSTER_SIZES
+            and config.num_warps >= CLUSTER_MIN_WARPS)
 
 
 def per_word_departure(G: int, M: int, device: DeviceInfo) -> bool:
