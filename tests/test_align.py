@@ -99,6 +99,33 @@ def test_a_launch_of_odd_rows_chooses_the_realigned_path(impl, config):
     assert_softmax_close(y, x)
 
 
+def test_row_align_turns_on_for_a_single_row_of_partial_groups():
+    """One row starts where its tensor starts (aligned), but an N that is not whole 16-byte groups
+    leaves masked loads one element wide: the realigned path (tail group) takes it."""
+    def one(N):
+        return RowProblem(1, N, 1, RowStrides(0, 0, 1), RowStrides(0, 0, 1))
+
+    assert _common.row_align(one(2051), 4, 4) == 4
+    assert _common.row_align(one(100003), 2, 2) == 8
+    assert _common.row_align(one(2052), 4, 4) == 1, "whole fp32 groups: VEC declares them"
+    assert _common.row_align(one(2052), 2, 2) == 8, "2052 fp16 is half a group short"
+    assert _common.row_align(one(2047), 2, 2) == 1, "short rows keep the plain path"
+    assert _common.row_align(_problem(2051, 2056), 4, 4) == 1, "several padded rows: unchanged"
+
+
+@pytest.mark.parametrize("impl,config", CHOSEN, ids=[name for name, _ in CHOSEN])
+def test_a_launch_of_one_odd_row_chooses_the_realigned_path(impl, config):
+    x = random_input((1, 2051), torch.float16, DEVICE, seed=7)
+    y = poisoned_like(x)
+    prepared = family(impl).prepare(matrix_problem(x, y), config, device_info(x.device),
+                                    flags={"LOG": 0, "ZERO_MASKED": 0})
+    prepared(x, y, 1.0)
+    launches = getattr(prepared, "launches", None) or [getattr(prepared, "_first", prepared),
+                                                       getattr(prepared, "_second", prepared)]
+    assert all(p.flags["ALIGN"] == 8 for p in launches)
+    assert_softmax_close(y, x)
+
+
 def test_rows_aligned_is_about_every_row_of_both_tensors():
     assert _problem(2048, 2048).rows_aligned(4, 4)
     assert not _problem(2051, 2051).rows_aligned(4, 4)

@@ -602,14 +602,24 @@ ALIGN_MIN_N = 2048
 
 def row_align(problem: RowProblem, *element_sizes: int) -> int:
     """ALIGN for the kernels that take it: the elements in ALIGN_BYTES of the narrowest dtype when
-    rows can start off a 16-byte boundary (a row stride that is not a multiple of it) and the kernel
-    can realign them (unit column stride, input and output in one layout, rows of at least
-    ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
-    pointers for speed only: with others it is still exact, just not vectorised."""
+    rows can start off a 16-byte boundary (a row stride that is not a multiple of it), or the problem
+    is a single row that is not whole 16-byte groups (odd N: masked loads one element wide otherwise),
+    and the kernel can realign them (unit column stride, input and output in one layout, rows of at
+    least ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
+    pointers for speed only: with others it is still exact, just not vectorised.
+
+    The single row, H200 by kernel time, realigned against plain, the family auto picks
+    (bench/results/h200/session26-probes/probe131.log): 16-bit 1x2049 to 1x4194303 forward and
+    backward 1.06-2.7x (1x12345 2.1-2.7x, fused; 1x100003 1.9x, coop; 1x4194303 2.5x, split); fp32
+    forward 1.02-1.88x; fp32 backward 0.85-2.26x (1x1000003 0.85, coop-bwd's heuristic config; 1x50257
+    0.99)."""
     x = problem.x
-    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N or problem.rows_aligned(*element_sizes):
+    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N:
         return 1
-    return ALIGN_BYTES // min(element_sizes)
+    group = ALIGN_BYTES // min(element_sizes)
+    if problem.rows_aligned(*element_sizes) and not (problem.M == 1 and problem.N % group):
+        return 1
+    return group
 
 
 def row_vec(problem: RowProblem, *element_sizes: int) -> int:
