@@ -59,7 +59,7 @@ def test_coop_launch_prepares_the_cluster_launch_and_a_fallback():
     x = torch.empty(8, 131072)
     config = cluster_config(131072, 8192)
     launch = coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, flags=FWD_FLAGS, two_phase=False)
-    assert launch._cluster.cluster == 16 and launch._cluster.cluster_smem == SLOT_BYTES * 16
+    assert launch._cluster.cluster == 16 and launch._cluster.cluster_smem == SLOT_BYTES.value * 16
     assert launch._cluster.config["CLUSTER"] == 1 and launch._cluster.flags["PHASE"] == 0
     # What runs should the driver refuse the cluster launch: the same config without it.
     assert [p.config["CLUSTER"] for p in launch.launches] == [0]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-SLOT_BYTES = 8  # one (float32, float32) pair a program
+SLOT_BYTES = tl.constexpr(8)  # one (float32, float32) pair a program (the PTX below says 8 too)
 
 # The address of slot i of this program's own shared memory (the slots close the dynamic shared memory).
 _SLOT_BASE = """
@@ -82,7 +82,7 @@ def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
     (thread t < G writes program t's), then one cluster barrier, then lane i reads slot i here.
     Lanes at or past G read slots nobody wrote: the caller masks them. ``started``: cluster_arrive's
     result (ties the order). Returns (a_i, b_i) as BLOCK_G-lane float32 tensors."""
-    slots = BLOCK_G * 8
+    slots = BLOCK_G * SLOT_BYTES
     done = tl.inline_asm_elementwise(_PUBLISH, "=r,f,f,r,r", [a, b, G + started, slots], dtype=tl.int32,
                                      is_pure=False, pack=1)
     return tl.inline_asm_elementwise(_READ, "=f,=f,r,r", [gs + done, slots], dtype=(tl.float32, tl.float32),

@@ -22,6 +22,12 @@ CUDA cooperative launch instead (the driver then runs every program together, or
 launch), and program ids replace tickets (RESIDENT): the ticket's atomic round trip before the
 first load is gone (H200, same config: +3-6 % on few long rows, session 8's probe23).
 
+On NVIDIA sm_90+, a config with CLUSTER 1 whose rows make 2-16 chunks runs each row's programs as
+one CTA cluster instead (cluster_mode): the partials go through the cluster's shared memory
+(cluster.py), the hardware starts a cluster's programs together, and neither tickets nor the
+workspace are used (H200, the same config: 0.3-0.5 us faster than the L2 exchange at 16-bit
+8x131072, bench/results/h200/session26-probes/probe127.log).
+
 Programs that wait for each other deadlock under the Triton interpreter, which runs programs one
 after another. There (and whenever ``two_phase`` is asked for) the same kernel runs as two
 launches: PHASE 1 publishes the partials, PHASE 2 combines and writes; PHASE 0 is the cooperative
@@ -315,6 +321,9 @@ def _softmax_coop_fwd_kernel(
     launch (every program resident at once): program ids replace tickets (take_ticket). PER_WORD:
     how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
+    ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
+    not touched; the launch gives SLOT_BYTES * BLOCK_G bytes of dynamic shared memory for it.
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -390,6 +399,9 @@ def _softmax_coop_bwd_kernel(
     dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
     y and dx in one layout).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
+    ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
+    not touched; the launch gives SLOT_BYTES * BLOCK_G bytes of dynamic shared memory for it.
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
@@ -553,8 +565,11 @@ class CoopLaunch:
 
     One launch on a GPU; two launches (PHASE 1, then 2) under the interpreter or with
     ``two_phase``. On CUDA the single launch is a cooperative one (RESIDENT, no tickets) when the
-    compiled kernel's occupancy holds every program at once (``mode`` says which: "resident",
-    "ticketed" or "two-phase"; decided on the first call). Without a config it uses the heuristic
+    compiled kernel's occupancy holds every program at once, and a CTA-cluster launch (CLUSTER)
+    where cluster_mode allows (``mode`` says which: "cluster", "resident", "ticketed" or
+    "two-phase"; decided on the first call: a cluster or cooperative launch that fails to compile
+    or start leaves the next mode, with the reason in ``cluster_error`` / ``resident_error``).
+    Without a config it uses the heuristic
     (a waiting kernel is not something to hand to Triton's autotuner; ``python -m
     tritonsoftmax.tune --families coop`` times each config and stores the winner). A config is
     checked for enough partial slots (BLOCK_G >= G) and, for the single launch, for forward
@@ -581,7 +596,7 @@ class CoopLaunch:
         self._resident = self._cluster = None
         if cluster_mode(run, g, device, two_phase):
             self._cluster = PreparedLaunch(family, problem, run, device, flags={**flags, "PHASE": 0},
-                                           cluster=g, cluster_smem=SLOT_BYTES * run["BLOCK_G"])
+                                           cluster=g, cluster_smem=SLOT_BYTES.value * run["BLOCK_G"])
         if "CLUSTER" in dict(run.meta):
             run = run.with_meta(CLUSTER=0)
         self.per_word = family.departs_per_word and not two_phase and per_word_departure(g, problem.M, device)
