@@ -116,10 +116,10 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 @pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
     """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more (16-bit 32K: at
-    most 3 x 2^24) of aligned rows that fill at least 15/16 of their block, in the blocks of RELOAD_ROW_CONFIGS, runs
-    fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one row fewer (or one more than the
-    most), a row one element shorter than 15/16 of the block, the forward, rows off 16 bytes, AMD, 1536 threads an SM
-    and the blocks the table leaves out get None."""
+    most 3 x 2^24) of aligned rows that fill at least 15/16 (16-bit 32K: 31/32) of their block, in the blocks of
+    RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one row
+    fewer (or one more than the most), a row one element shorter than that, the forward, rows off 16 bytes, AMD,
+    1536 threads an SM and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype, dense=False):
@@ -129,12 +129,13 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
         assert elements == {(2, 1024): 3 * 2**22, (2, 8192): 2**25, (2, 16384): 5 * 2**21}.get((itemsize, block), 2**24)
         assert most == {(2, 32768): 3 * 2**24}.get((itemsize, block)), block
-        shortest = block - block // dispatch.RELOAD_FILL_PARTS
+        shortest = dispatch.reload_shortest(itemsize, block)
+        assert shortest == block - block // (32 if (itemsize, block) == (2, 32768) else 16), block
         fewest = -(-elements // shortest)
         many = most // block if most else 65536
         assert reload(elements // block, block) == want, block
         assert reload(fewest, shortest) == want, block
-        assert reload(fewest, shortest - 1) is None, (block, "fills less than 15/16 of the block")
+        assert reload(fewest, shortest - 1) is None, (block, "fills less than 15/16 (31/32) of the block")
         assert reload(fewest - 1, shortest) is None, (block, "too few elements")
         assert reload(many, block) == want, block
         assert reload(many, block, backward=False) is None, "forward"

@@ -257,7 +257,7 @@ def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype
     """The fewest rows of the shortest length that reload_row_config takes, per block of RELOAD_ROW_CONFIGS: auto's
     plan is fused-bwd with RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches
     float64 in every element."""
-    N = block - block // dispatch.RELOAD_FILL_PARTS
+    N = dispatch.reload_shortest(dtype.itemsize, block)
     M = -(-dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][2] // N)
     p = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward=True)
     assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p

@@ -198,9 +198,12 @@ HELD_MIN_BLOCK = 4096
 # spills and ran like the capped RELOAD config; at 512-1024 rows uncapped DENSE ran 2-4 % behind the capped config.)
 # Between (probe126.log, the capped config against DENSE, bf16/fp16): 1025 rows +3.2/+1.5 %, 1280 +3.5/+0.5 %, 1536
 # +3.0/+0.2 %, 1792 +1.0/-1.2 % (2048: -0.3/-0.7 %, probe 125), hence the bound at 3 x 2^24 (1536 rows of 32768).
-# Rows of the 32K bucket short of the block (15/16 of it or more) were measured at 1024 rows (32000: +5.0/+1.6 %)
-# and 2048 (31000: -5.6/-1.5 %), not between.
+# Rows of the 32K bucket short of the block: 32000 gains, 31000 loses, at every row count measured (1024 rows
+# +5.0/+1.6 % and 2048 rows -5.6/-1.5 %, session 25; session26-probes/probe132.log, 1025/1280/1536 rows: 32000
+# +2.9/+2.4/+1.2 % bf16, +2.2/+1.1/+0.2 % fp16; 31000 -5.6/-5.8/-6.0 % bf16, -1.4/-1.4/-1.7 % fp16), so that entry
+# takes rows of 31/32 of the block or more (31744+) where the others take 15/16.
 RELOAD_FILL_PARTS = 16
+RELOAD_FILL_PARTS_OF = {(2, 32768): 32}  # (element bytes, block) -> its own RELOAD_FILL_PARTS
 RELOAD_MAX_REGISTERS = 32
 RELOAD_MIN_THREADS_PER_SM = 2048
 RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewest elements in all, most or None)}
@@ -283,6 +286,13 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1)
 
 
+def reload_shortest(itemsize: int, block: int) -> int:
+    """The shortest row reload_row_config takes in a block: (parts - 1) / parts of it, parts RELOAD_FILL_PARTS
+    or the entry's own (RELOAD_FILL_PARTS_OF)."""
+    parts = RELOAD_FILL_PARTS_OF.get((itemsize, block), RELOAD_FILL_PARTS)
+    return -(-block * (parts - 1) // parts)
+
+
 def reload_row_config(s: Shape) -> LaunchConfig | None:
     """For the backward of many rows (CUDA, RELOAD_MIN_THREADS_PER_SM threads an SM, rows on 16-byte boundaries) that
     fill their block, in the dtypes and blocks of RELOAD_ROW_CONFIGS and their element counts: fused-bwd's RELOAD config
@@ -292,7 +302,7 @@ def reload_row_config(s: Shape) -> LaunchConfig | None:
     entry = RELOAD_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
     if (entry is None or not s.backward or not s.aligned or s.device.backend != "cuda"
             or s.device.max_threads_per_sm < RELOAD_MIN_THREADS_PER_SM
-            or s.N * RELOAD_FILL_PARTS < block * (RELOAD_FILL_PARTS - 1) or s.M * s.N < entry[2]):
+            or s.N < reload_shortest(s.dtype.itemsize, block) or s.M * s.N < entry[2]):
         return None
     if entry[3] is not None and s.M * s.N > entry[3]:
         dense = RELOAD_DENSE_ROW_CONFIGS.get(s.dtype.itemsize, {}).get(block)
