@@ -2,7 +2,6 @@
 partials through each other's shared memory. The CPU checks the choice, the set-up and the PTX; the GPU
 checks the results (a cluster launch cannot run under the interpreter)."""
 
-import dataclasses
 import json
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 from compile_scripts import run_compile_script
 from conftest import DEVICE
 from softmax_ref import assert_grad_close, assert_softmax_close, poisoned_like, random_input
-from synthetic_devices import GFX942, SM75, SM90
+from synthetic_devices import GFX942, SM75, SM89, SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
@@ -19,7 +18,6 @@ from tritonsoftmax.kernels.cluster import SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem
 
 FWD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
-SM89 = dataclasses.replace(SM90, arch="sm_89", name="NVIDIA L40S")
 
 
 def clustered(config: LaunchConfig) -> bool:

@@ -1,10 +1,8 @@
 """Dispatcher rules, config generation and device descriptions, on synthetic devices."""
 
-import dataclasses
-
 import pytest
 import torch
-from synthetic_devices import GFX942, SM90
+from synthetic_devices import GFX942, SM89, SM90
 
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
@@ -12,7 +10,6 @@ from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
-SM89 = dataclasses.replace(SM90, arch="sm_89", name="an sm_89 GPU", sm_count=128, max_threads_per_sm=1536)
 DEVICES = [SM90, GFX942, GFX1201]
 
 

@@ -762,14 +762,20 @@ class PreparedLaunch:
         kwargs, grid = self._kwargs_grid()
         compiled = self.family.kernel[grid](x, y, *extra, *self.tail, **kwargs, **self.flags, **COMPILE_OPTIONS)
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
-            self._compiled = compiled  # kept for diagnostics (registers, spills)
-            self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
             grid3 = tuple(grid) + (1,) * (3 - len(grid))
-            self._runner = compiled[grid3]  # loads the module on the device
-            dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            self._warm = warm_launcher(compiled.run, grid3, compiled.function, compiled.packed_metadata,
-                                       (*self.tail, *self._meta), driver.active.get_current_stream, dev)
-            self._aligned = aligned
+            runner = compiled[grid3]  # loads the module on the device
+            self._keep(compiled, grid3, compiled.packed_metadata, runner, x, aligned)
+
+    def _keep(self, compiled, grid3: tuple, packed_metadata, runner: Callable, x: torch.Tensor, aligned: bool) -> None:
+        """Remember a launched (or about to be launched) compiled kernel for warm calls: ``runner``
+        for calls with launch hooks installed, the warm launcher for the rest."""
+        self._compiled = compiled  # kept for diagnostics (registers, spills)
+        self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
+        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        self._runner = runner
+        self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed_metadata, (*self.tail, *self._meta),
+                                   driver.active.get_current_stream, dev)
+        self._aligned = aligned
 
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
@@ -790,13 +796,8 @@ class PreparedLaunch:
         if len(grid) != 1 or grid[0] % self.cluster:
             raise ValueError(f"cluster launch: grid {grid} is not whole clusters of {self.cluster}")
         grid3 = (grid[0] // self.cluster, 1, 1)
-        self._compiled = compiled
-        self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
         dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        self._runner = _hooked_runner(compiled, grid3, packed, dev)
-        self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed, (*self.tail, *self._meta),
-                                   driver.active.get_current_stream, dev)
-        self._aligned = aligned
+        self._keep(compiled, grid3, packed, _hooked_runner(compiled, grid3, packed, dev), x, aligned)
         self._warm(_raw_args(x, y, extra)[0])
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
