@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._common import combine_max_sum
+
 SLOT_BYTES = tl.constexpr(8)  # one (float32, float32) pair a program (the PTX below says 8 too)
 
 # The address of slot i of this program's own shared memory (the slots close the dynamic shared memory).
@@ -87,3 +89,18 @@ def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
                                      is_pure=False, pack=1)
     return tl.inline_asm_elementwise(_READ, "=f,=f,r,r", [gs + done, slots], dtype=(tl.float32, tl.float32),
                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def cluster_max_sum(m, s, G, gs, started, BLOCK_G: tl.constexpr):
+    """The row's (max, sum) from this program's chunk partial (m, s): cluster_exchange, then the G pairs
+    combined (lanes at or past G masked)."""
+    m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
+    return combine_max_sum(tl.where(gs < G, m_g, float("-inf")), tl.where(gs < G, s_g, 0.0))
+
+
+@triton.jit
+def cluster_sum(part, G, gs, started, BLOCK_G: tl.constexpr):
+    """The backward's row sum from this program's partial sum: cluster_exchange, then the G sums added."""
+    part_g, _ = cluster_exchange(part, 0.0, G, gs, started, BLOCK_G)
+    return tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)

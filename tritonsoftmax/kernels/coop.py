@@ -71,7 +71,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
-from .cluster import SLOT_BYTES, cluster_arrive, cluster_exchange
+from .cluster import SLOT_BYTES, cluster_arrive, cluster_max_sum, cluster_sum
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -359,8 +359,7 @@ def _softmax_coop_fwd_kernel(
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
-        m_r, s_r = combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
+        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
         seen = gs * 0
     else:
         m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
@@ -432,8 +431,7 @@ def _softmax_coop_bwd_kernel(
                                    ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        part_g, _ = cluster_exchange(part, 0.0, G, gs, started, BLOCK_G)
-        red = tl.sum(tl.where(gs < G, part_g, 0.0), axis=0)
+        red = cluster_sum(part, G, gs, started, BLOCK_G)
         seen = gs * 0
     else:
         red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
@@ -501,11 +499,15 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
         if block > max(BLOCKS[0], next_power_of_2(N)):
             continue
         for nw in _common.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
-            config = shape_config(device, N, block, nw)
-            out.append(config)
-            if cluster_mode(config.with_meta(CLUSTER=1), chunks(N, dict(config.meta)), device, False):
-                out.append(config.with_meta(CLUSTER=1))
+            out += with_cluster_mode(shape_config(device, N, block, nw), N, device)
     return _common.with_backend_options(device, out)
+
+
+def with_cluster_mode(config: LaunchConfig, N: int, device: DeviceInfo) -> list[LaunchConfig]:
+    """``config``, and beside it the same in cluster mode (CLUSTER 1) where cluster_mode allows it for
+    rows of N elements: the search spaces of coop and smem."""
+    clustered = config.with_meta(CLUSTER=1)
+    return [config, clustered] if cluster_mode(clustered, chunks(N, dict(config.meta)), device, False) else [config]
 
 
 def _chunk(device: DeviceInfo, M: int, N: int) -> int:

@@ -49,6 +49,7 @@ from ._common import (
     row_offsets,
     store_out,
 )
+from .cluster import cluster_arrive, cluster_max_sum, cluster_sum
 from .coop import CoopFamily, CoopLaunch, exchange_max_sum, exchange_sum, finish_departure, take_ticket
 
 try:
@@ -174,6 +175,7 @@ def _softmax_smem_fwd_kernel(
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
     HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row cooperating,
     each holding its chunk in shared memory.
@@ -188,6 +190,8 @@ def _softmax_smem_fwd_kernel(
     evict_first. LEAD: 0, or LINE_BYTES less one 16-byte vector in elements (line_lead): each row's
     chunks then start on the 128-byte line that holds its first element (_line_lead elements before it,
     masked), so every copy and store of the row covers whole lines, whatever its start.
+    CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
+    through the cluster's shared memory, past the chunk's: cluster.py).
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
     elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
@@ -198,7 +202,8 @@ def _softmax_smem_fwd_kernel(
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT, LEAD)
+    started = cluster_arrive() if CLUSTER else 0
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
     # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
     # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
     n_vec = (N // VEC) * VEC
@@ -225,7 +230,11 @@ def _softmax_smem_fwd_kernel(
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
+    if CLUSTER:
+        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
+        seen = gs * 0
+    else:
+        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -250,6 +259,7 @@ def _softmax_smem_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
     HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0,
 ):
     """dx of softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row
     cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
@@ -262,13 +272,15 @@ def _softmax_smem_bwd_kernel(
     scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
     word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
-    HINTS: dx stores marked evict_first. LEAD: as in the forward (the lines of dy's rows)."""
+    HINTS: dx stores marked evict_first. LEAD: as in the forward (the lines of dy's rows). CLUSTER: as in
+    the forward (the partial sums through the cluster's shared memory)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT, LEAD)
+    started = cluster_arrive() if CLUSTER else 0
+    G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
     n_vec = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
     g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
     d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
@@ -293,7 +305,11 @@ def _softmax_smem_bwd_kernel(
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
+    if CLUSTER:
+        red = cluster_sum(part, G, gs, started, BLOCK_G)
+        seen = gs * 0
+    else:
+        red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
@@ -319,7 +335,8 @@ def max_row(device: DeviceInfo, held: int = 1) -> int:
 
 def _config_space(held: int):
     """The search space of a kernel that holds ``held`` tensors' chunks: chunks of 4K to 32K
-    elements (as many as fit) in copy groups of 2K-8K, 4 or 8 warps."""
+    elements (as many as fit) in copy groups of 2K-8K, 4 or 8 warps; each also in cluster mode where
+    coop.with_cluster_mode offers it."""
 
     def configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
         most = max_chunk_elements(device, held)
@@ -331,7 +348,7 @@ def _config_space(held: int):
                 for nw in (4, 8):
                     c = coop.shape_config(device, N, block, nw, chunk // block)
                     if c["TILES"] * block <= most and c not in out:
-                        out.append(c)
+                        out += coop.with_cluster_mode(c, N, device)
         return out
 
     return configs
