@@ -1,6 +1,6 @@
-"""Coop's cluster mode (kernels/cluster.py): a row's G programs as one CTA cluster exchanging their
-partials through each other's shared memory. The CPU checks the choice, the set-up and the PTX; the GPU
-checks the results (a cluster launch cannot run under the interpreter)."""
+"""The cluster mode of coop and smem (kernels/cluster.py): a row's G programs as one CTA cluster exchanging
+their partials through each other's shared memory. The CPU checks the choice, the set-up and the PTX; the
+GPU checks the results (a cluster launch cannot run under the interpreter)."""
 
 import json
 
@@ -13,9 +13,11 @@ from synthetic_devices import GFX942, SM75, SM89, SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import _common, coop
+from tritonsoftmax.kernels import _common, coop, gluon_available
 from tritonsoftmax.kernels.cluster import SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem
+
+needs_gluon = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 
 FWD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
 
@@ -26,6 +28,19 @@ def clustered(config: LaunchConfig) -> bool:
 
 def cluster_config(N: int, block: int, warps: int = 8, device=SM90) -> LaunchConfig:
     return coop.shape_config(device, N, block, warps).with_meta(CLUSTER=1)
+
+
+def smem():
+    from tritonsoftmax.kernels import smem as module
+
+    return module
+
+
+def smem_cluster_config(N: int, chunk: int, block: int = 2048, warps: int = 4, device=SM90) -> LaunchConfig:
+    """A smem config of ``chunk``-element chunks in ``block`` copy groups, in cluster mode, as a stored entry
+    runs it (register_capped)."""
+    config = coop.shape_config(device, N, block, warps, chunk // block).with_meta(CLUSTER=1)
+    return smem().register_capped(config)
 
 
 # ---------------------------------------------------------------- the choice (CPU)
@@ -51,6 +66,32 @@ def test_search_space_offers_cluster_mode_where_a_row_makes_a_cluster():
     for device in (SM89, SM75, GFX942):
         assert not any(clustered(c) for c in coop._configs(device, 8, 131072))
     assert not any(clustered(c) for c in coop._configs(SM90, 8, 1024))  # one chunk a row
+
+
+@needs_gluon
+def test_smem_search_space_offers_cluster_mode_where_a_row_makes_a_cluster():
+    for family, N in ((smem().FAMILY, 65536), (smem().BWD_FAMILY, 131072)):
+        space = family.configs(SM90, 4096, N)
+        offered = [c for c in space if clustered(c)]
+        assert offered and all(2 <= _common.chunks(N, dict(c.meta)) <= 16 for c in offered)
+        for c in offered:
+            assert LaunchConfig.make(c.num_warps, **{k: v for k, v in c.meta if k != "CLUSTER"}) in space
+        plain = [c for c in space if not clustered(c)]
+        assert len(offered) == sum(2 <= _common.chunks(N, dict(c.meta)) <= 16 for c in plain)
+        assert not any(clustered(c) for c in family.configs(SM89, 4096, N))
+
+
+@needs_gluon
+def test_smem_launch_keeps_the_per_word_departure_off_its_cluster_launch():
+    """Many rows of 16 chunks take depart's PER_WORD in the ticketed launch; the cluster launch, which
+    departs from nothing, does not."""
+    x = torch.empty(4096, 131072, dtype=torch.bfloat16)
+    launch = smem().FAMILY.prepare(matrix_problem(x, x), smem_cluster_config(131072, 8192), SM90, flags=FWD_FLAGS,
+                                   two_phase=False)
+    assert launch._cluster.cluster == 16 and launch._cluster.config["CLUSTER"] == 1
+    assert "PER_WORD" not in launch._cluster.flags
+    assert launch.per_word and [p.flags["PER_WORD"] for p in launch.launches] == [1]
+    assert [p.config["CLUSTER"] for p in launch.launches] == [0]
 
 
 def test_coop_launch_prepares_the_cluster_launch_and_a_fallback():
@@ -102,23 +143,43 @@ CLUSTER_CASES = [["fwd", {"CLUSTER": 1, "BLOCK_G": 16, "BLOCK": 8192}],
                  ["fwd", {"CLUSTER": 0, "BLOCK_G": 16, "BLOCK": 8192, "RESIDENT": 1}]]
 
 
+SMEM_CLUSTER_CASES = [["fwd", "bf16", "bf16", {"BLOCK": 2048, "TILES": 8, "BLOCK_G": 4, "CLUSTER": 1}, 4, {}],
+                      ["bwd", "fp16", "fp16", {"BLOCK": 2048, "TILES": 4, "BLOCK_G": 16, "CLUSTER": 1}, 4, {}]]
+
+
 @pytest.fixture(scope="module")
 def cluster_ptx() -> list:
     return run_compile_script("coop_compile.py", "cuda:90", json.dumps(CLUSTER_CASES))
+
+
+@pytest.fixture(scope="module")
+def smem_cluster_ptx() -> list:
+    return [r["ptx"] for r in run_compile_script("smem_compile.py", json.dumps(SMEM_CLUSTER_CASES))]
 
 
 @pytest.mark.parametrize("case", [0, 1], ids=["fwd", "bwd"])
 def test_cluster_exchange_ptx(cluster_ptx, case):
     """Started, then waited for before the remote stores; one release/acquire barrier after them; the
     slots found from the dynamic shared memory's size; no workspace atomics, no polling."""
-    ptx = cluster_ptx[case]
+    assert_cluster_exchange(cluster_ptx[case], "ld.global")
+
+
+@needs_gluon
+@pytest.mark.parametrize("case", [0, 1], ids=["fwd", "bwd"])
+def test_smem_cluster_exchange_ptx(smem_cluster_ptx, case):
+    """The same in smem's kernels, after the last copy group has landed."""
+    assert_cluster_exchange(smem_cluster_ptx[case], "cp.async.wait_group")
+
+
+def assert_cluster_exchange(ptx: str, before: str) -> None:
+    """The cluster exchange's instructions in order, ``before`` (the chunk's reads) ahead of them."""
     order = ["barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned", "mapa.shared::cluster.u32",
              "st.shared::cluster.v2.f32", "barrier.cluster.arrive.release.aligned",
              "barrier.cluster.wait.acquire.aligned", "ld.shared.v2.f32"]
     at = [ptx.find(op) for op in order]
     assert all(a >= 0 for a in at), dict(zip(order, at, strict=True))
     assert at == sorted(at), dict(zip(order, at, strict=True))
-    assert ptx.find("ld.global") < at[2], "the chunk's loads come before the exchange"
+    assert 0 <= ptx.find(before) < at[2], "the chunk's reads come before the exchange"
     assert "%dynamic_smem_size" in ptx and "global_smem" in ptx
     assert "atom." not in ptx and "ld.volatile" not in ptx
 
@@ -271,3 +332,72 @@ def test_gpu_api_takes_a_stored_cluster_config():
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     modes = [getattr(p, "mode", None) for p, _ in api._prepared.values()]
     assert "cluster" in modes, modes
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("M,N,chunk,warps", [(8, 131072, 8192, 4), (8, 131072, 8192, 8), (64, 65536, 16384, 4),
+                                             (5, 65536, 32768, 8), (3, 100000, 8192, 4)])
+def test_gpu_smem_cluster_forward(M, N, chunk, warps, dtype):
+    """smem in cluster mode: softmax and log_softmax, a -inf chunk and huge values in the first rows."""
+    x = random_input((M, N), torch.float32, DEVICE, seed=N + M)
+    x[0, :chunk] = float("-inf")
+    x[1, N - 1] = 3e4
+    x = x.to(dtype)
+    for log in (False, True):
+        y = poisoned_like(x)
+        launch = smem().FAMILY.prepare(matrix_problem(x, y), smem_cluster_config(N, chunk, warps=warps),
+                                       device_info(x.device), flags={"LOG": int(log), "ZERO_MASKED": 0})
+        launch(x, y, 1.0)
+        assert launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
+        if log:
+            ref = torch.log_softmax(x.double(), -1)
+            finite = ref.isfinite()
+            assert torch.equal(y.isfinite(), finite)
+            rel = {torch.float32: 2e-6, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+            assert ((y.double() - ref)[finite].abs() <= rel * ref[finite].abs() + 1e-5).all()
+        else:
+            assert_softmax_close(y, x)
+            y2 = poisoned_like(x)
+            launch(x, y2, 1.0)  # the warm call
+            assert torch.equal(y, y2)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("M,N,chunk", [(8, 131072, 8192), (64, 65536, 16384)])
+def test_gpu_smem_cluster_backward(M, N, chunk, dtype, log):
+    x = random_input((M, N), dtype, DEVICE, seed=N)
+    y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    dx = poisoned_like(x)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), smem_cluster_config(N, chunk),
+                                       device_info(x.device), flags={"LOG": int(log)})
+    launch(dy, dx, y, 1.0)
+    assert launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
+    assert_grad_close(dx, dy, y, 1.0, log)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("scale", [1.0, -0.5])
+def test_gpu_smem_cluster_rows_off_lines(scale):
+    """Rows off 128-byte lines: the stored-entry path cuts the config to the row with LEAD (balanced_config)
+    and keeps cluster mode; a row whose values all fall below 0 after the scale (a zero-filled lane before
+    it must not win) and a -inf row."""
+    M, N = 16, 50264
+    x = random_input((M, N), torch.float32, DEVICE, scale=1.0, seed=5)
+    x[2] = -(x[2].abs() + 1.0) / scale
+    x[3] = float("-inf") if scale > 0 else float("inf")
+    x = x.to(torch.bfloat16)
+    y = poisoned_like(x)
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), smem_cluster_config(65536, 16384), device_info(x.device),
+                                   from_store=True, flags={"LOG": 0, "ZERO_MASKED": 1})
+    launch(x, y, scale)
+    assert launch.config["LEAD"] == 56 and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
+    want = torch.softmax(x.double() * scale, -1)
+    want[3] = 0.0
+    assert (y.double() - want).abs().max().item() <= 8e-3
