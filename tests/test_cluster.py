@@ -401,3 +401,50 @@ def test_gpu_smem_cluster_rows_off_lines(scale):
     want = torch.softmax(x.double() * scale, -1)
     want[3] = 0.0
     assert (y.double() - want).abs().max().item() <= 8e-3
+
+
+# ---------------------------------------------------------------- smem-bwd's heuristic in cluster mode (dispatch rule)
+
+@needs_gluon
+@pytest.mark.parametrize("dtype,M,N,device,want", [
+    (torch.bfloat16, 4096, 65536, SM90, True),  # 4 chunks a row
+    (torch.float16, 2048, 100000, SM90, True),  # 7 chunks, LEAD
+    (torch.float16, 1024, 131072, SM90, True),  # 8 chunks, 8192 programs
+    (torch.bfloat16, 4096, 131072, SM90, False),  # 8 chunks, 32768 programs
+    (torch.bfloat16, 4096, 262144, SM90, False),  # 16 chunks, 65536 programs
+    (torch.float32, 64, 1048576, SM90, False),  # fp32: not measured
+    (torch.bfloat16, 4096, 65536, SM89, False)])  # no clusters
+def test_smem_backward_heuristic_takes_cluster_mode_by_the_rule(dtype, M, N, device, want):
+    x = torch.empty(M, N, dtype=dtype)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(x, x), None, device, flags={"LOG": 0}, two_phase=False)
+    assert clustered(launch.config) is want and (launch._cluster is not None) is want
+    assert smem().backward_cluster(matrix_problem(x, x), launch.config, device) is want
+    forward = smem().FAMILY.prepare(matrix_problem(x, x), None, device, flags=FWD_FLAGS, two_phase=False)
+    assert not clustered(forward.config)  # the forward in cluster mode lost (probe136)
+
+
+@needs_gluon
+def test_smem_backward_keeps_given_and_stored_configs_as_they_are():
+    x = torch.empty(4096, 65536, dtype=torch.bfloat16)
+    base = smem().BWD_FAMILY.default_config(SM90, matrix_problem(x, x))
+    for from_store in (False, True):
+        launch = smem().BWD_FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store, {"LOG": 0}, False)
+        assert not clustered(launch.config) and launch._cluster is None
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_smem_backward_through_autograd_in_cluster_mode(dtype):
+    """A 16-bit backward the rule puts in cluster mode, through torch.autograd and tritonsoftmax.softmax."""
+    import tritonsoftmax
+    from tritonsoftmax import api
+
+    M, N = 512, 65536
+    x = random_input((M, N), torch.float32, DEVICE, seed=21).to(dtype).requires_grad_()
+    y = tritonsoftmax.softmax(x)
+    dy = random_input((M, N), dtype, DEVICE, seed=22)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert_grad_close(dx, dy, y.detach(), 1.0, False)
+    modes = {p.family.name: getattr(p, "mode", None) for p, _ in api._prepared.values() if hasattr(p, "family")}
+    assert modes.get("smem-bwd") == "cluster", modes

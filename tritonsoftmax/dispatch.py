@@ -132,6 +132,17 @@ SMEM_ONE_CHUNK_MIN_N = 8192
 SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N = 16384
+# The 16-bit backward that smem-bwd runs on its heuristic config takes coop's cluster mode (the row's G programs
+# one CTA cluster, their partial sums through the cluster's shared memory: kernels/cluster.py) when a row has at
+# most SMEM_BWD_CLUSTER_MAX_G chunks, or when all rows make at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs (and
+# G is a cluster size, 2-16). H200, kernel time, the plan's config with and without it, one process
+# (bench/results/h200/session27-probes/probe139.log), bf16/fp16: G 4: 4096x65536 +2.8/+1.9 %, 1024x65536
+# +5.4/+3.9 %, 512x65536 +7.7/+7.7 %, 264x65536 +12.8/+11.8 %; 4096x40960 (G 4) +1.4/+1.5 %, 4096x50176 (G 5)
+# +1.3/+1.7 %, 2048x100000 (G 7) +5.0/+5.3 %; G 8: 1024x131072 +0.5/+0.8 %, 4096x131072 -0.8/-0.5 %;
+# G 16: 64x131072 +12.7/+10.6 %, 4096x262144 -3.5/-3.4 %. The forward in cluster mode lost at many rows
+# (probe136.log: bf16 4096x65536 3845 against 4041 GB/s with the same config) and is not ruled in.
+SMEM_BWD_CLUSTER_MAX_G = 7
+SMEM_BWD_CLUSTER_MAX_PROGRAMS = 8192
 
 # Many rows that the fused kernel holds as half a block plus a small tail (fused_held) run a one-row
 # plain fused config with warps for HELD_VALUES_PER_THREAD values a thread of the held half, whatever

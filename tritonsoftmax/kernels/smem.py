@@ -36,7 +36,7 @@ import triton
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
-from ..dispatch import COOP_PROGRAMS_PER_SM, SMEM_MIN_SM
+from ..dispatch import COOP_PROGRAMS_PER_SM, SMEM_BWD_CLUSTER_MAX_G, SMEM_BWD_CLUSTER_MAX_PROGRAMS, SMEM_MIN_SM
 from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
 from . import _common, coop
 from ._common import (
@@ -461,6 +461,16 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torc
     return coop.shape_config(device, N, 2048, 4, min_tiles=chunk // 2048)
 
 
+def backward_cluster(problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> bool:
+    """Whether the 16-bit backward on the heuristic's ``config`` (cut to the row) runs in cluster mode: rows of at
+    most SMEM_BWD_CLUSTER_MAX_G chunks, or at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs in all (dispatch.py has
+    the measurements), where coop.cluster_mode allows it."""
+    g = chunks(problem.N, dict(config.meta))
+    return (problem.dtype.itemsize == 2
+            and (g <= SMEM_BWD_CLUSTER_MAX_G or problem.M * g <= SMEM_BWD_CLUSTER_MAX_PROGRAMS)
+            and coop.cluster_mode(config.with_meta(CLUSTER=1), g, device, False))
+
+
 class SmemLaunch(CoopLaunch):
     """CoopLaunch of a smem kernel. A call the kernel cannot take (base pointers off 16 bytes, rows
     off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors) runs
@@ -482,9 +492,12 @@ class SmemLaunch(CoopLaunch):
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
+        heuristic = config is None
         if chosen:  # sized on the N bucket: cut to this N, registers capped
             config = register_capped(balanced_config(config or family.default_config(device, problem), problem.N,
                                                      problem.dtype.itemsize, device, line_lead(problem)))
+        if heuristic and family.held == 2 and backward_cluster(problem, config, device):
+            config = config.with_meta(CLUSTER=1)
         super().__init__(family, problem, config, device, flags, two_phase)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
