@@ -693,7 +693,10 @@ def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype)
     for _ in range(20):
         launch(dy, dx, y, 1.0)
     torch.cuda.synchronize()
-    assert launch.mode == ("ticketed" if M == 4096 else "resident")
+    if M == 4096:  # many rows; the 16-bit ones in cluster mode by dispatch's rule (smem.backward_cluster)
+        assert launch.mode == ("ticketed" if dtype == torch.float32 else "cluster")
+    else:
+        assert launch.mode == "resident"
     assert torch.equal(dx, two)
     assert_grad_close(dx, dy, y)
     assert coop_scratch_ready(dy.device, M)
