@@ -220,16 +220,22 @@ def test_gpu_cluster_forward(M, N, block, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("M,N,block", [(8, 131072, 8192), (4, 131067, 16384)])
-def test_gpu_cluster_backward(M, N, block, dtype, log):
+@pytest.mark.parametrize("kind,M,N,size", [("coop", 8, 131072, 8192), ("coop", 4, 131067, 16384),
+                                           pytest.param("smem", 8, 131072, 8192, marks=needs_gluon),
+                                           pytest.param("smem", 64, 65536, 16384, marks=needs_gluon)])
+def test_gpu_cluster_backward(kind, M, N, size, dtype, log):
+    """coop (size: BLOCK, 8 warps) and smem (size: the chunk) backward in cluster mode."""
     x = random_input((M, N), dtype, DEVICE, seed=N)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
     dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
     dx = poisoned_like(x)
-    launch = coop.BWD_FAMILY.prepare(matrix_problem(dy, dx), cluster_config(N, block, 8, device_info(x.device)),
-                                     device_info(x.device), flags={"LOG": int(log)})
+    if kind == "coop":
+        family, config = coop.BWD_FAMILY, cluster_config(N, size, 8, device_info(x.device))
+    else:
+        family, config = smem().BWD_FAMILY, smem_cluster_config(N, size)
+    launch = family.prepare(matrix_problem(dy, dx), config, device_info(x.device), flags={"LOG": int(log)})
     launch(dy, dx, y, 1.0)
-    assert launch.mode == "cluster", launch.cluster_error
+    assert launch.mode == "cluster" and getattr(launch, "fallbacks", 0) == 0, launch.cluster_error
     assert_grad_close(dx, dy, y, 1.0, log)
 
 
@@ -362,23 +368,6 @@ def test_gpu_smem_cluster_forward(M, N, chunk, warps, dtype):
             y2 = poisoned_like(x)
             launch(x, y2, 1.0)  # the warm call
             assert torch.equal(y, y2)
-
-
-@pytest.mark.gpu
-@needs_gluon
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("M,N,chunk", [(8, 131072, 8192), (64, 65536, 16384)])
-def test_gpu_smem_cluster_backward(M, N, chunk, dtype, log):
-    x = random_input((M, N), dtype, DEVICE, seed=N)
-    y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
-    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
-    dx = poisoned_like(x)
-    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), smem_cluster_config(N, chunk),
-                                       device_info(x.device), flags={"LOG": int(log)})
-    launch(dy, dx, y, 1.0)
-    assert launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
-    assert_grad_close(dx, dy, y, 1.0, log)
 
 
 @pytest.mark.gpu
