@@ -12,7 +12,9 @@ fp32 4096x65536 3963 against coop's 3818. Session 11 took the first pass's max o
 (session11-probes/probe43.log: bf16 4096x65536 3785-3796 against 3694-3702 before) and gave it few
 16-bit rows beyond what coop holds at once (probe39/probe40: 20-30 % over split; dispatch.py).
 Session 12 added the backward (dy and y chunks both held; session12-probes/probe47.log: 16-bit
-4096x65536 4080-4108 against coop's 3584-3592, +13-15 %).
+4096x65536 4080-4108 against coop's 3584-3592, +13-15 %). Session 27 gave both kernels coop's cluster
+mode (CLUSTER: the partials through a CTA cluster's shared memory, cluster.py), which the 16-bit
+backward's heuristic config takes by backward_cluster's rule (session27-probes/probe139.log).
 
 The kernels are written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
 Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
