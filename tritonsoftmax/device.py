@@ -113,9 +113,13 @@ def _gpu_info(index: int) -> DeviceInfo:
     )
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of a GPU device (the current one for a plain "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_info(device: torch.device) -> DeviceInfo:
     """The :class:`DeviceInfo` of a tensor's device (cached per device; CPU means the interpreter)."""
     if device.type == "cpu":
         return INTERPRETER
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _gpu_info(index)
+    return _gpu_info(cuda_index(device))

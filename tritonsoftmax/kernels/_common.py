@@ -34,7 +34,7 @@ from triton import knobs
 from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2, save_tuning_enabled
-from ..device import DeviceInfo, device_info, interpreter_active
+from ..device import DeviceInfo, cuda_index, device_info, interpreter_active
 from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
 
 try:
@@ -764,14 +764,13 @@ class PreparedLaunch:
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             grid3 = tuple(grid) + (1,) * (3 - len(grid))
             runner = compiled[grid3]  # loads the module on the device
-            self._keep(compiled, grid3, compiled.packed_metadata, runner, x, aligned)
+            self._keep(compiled, grid3, compiled.packed_metadata, runner, cuda_index(x.device), aligned)
 
-    def _keep(self, compiled, grid3: tuple, packed_metadata, runner: Callable, x: torch.Tensor, aligned: bool) -> None:
-        """Remember a launched (or about to be launched) compiled kernel for warm calls: ``runner``
-        for calls with launch hooks installed, the warm launcher for the rest."""
+    def _keep(self, compiled, grid3: tuple, packed_metadata, runner: Callable, dev: int, aligned: bool) -> None:
+        """Remember a launched (or about to be launched) compiled kernel on GPU ``dev`` for warm calls:
+        ``runner`` for calls with launch hooks installed, the warm launcher for the rest."""
         self._compiled = compiled  # kept for diagnostics (registers, spills)
         self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
-        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
         self._runner = runner
         self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed_metadata, (*self.tail, *self._meta),
                                    driver.active.get_current_stream, dev)
@@ -796,8 +795,8 @@ class PreparedLaunch:
         if len(grid) != 1 or grid[0] % self.cluster:
             raise ValueError(f"cluster launch: grid {grid} is not whole clusters of {self.cluster}")
         grid3 = (grid[0] // self.cluster, 1, 1)
-        dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        self._keep(compiled, grid3, packed, _hooked_runner(compiled, grid3, packed, dev), x, aligned)
+        dev = cuda_index(x.device)
+        self._keep(compiled, grid3, packed, _hooked_runner(compiled, grid3, packed, dev), dev, aligned)
         self._warm(_raw_args(x, y, extra)[0])
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
