@@ -165,28 +165,6 @@ def exp(x):
     return tl.exp2(x * LOG2E)
 
 
-@triton.jit
-def exp_in(x, BASE2: tl.constexpr):
-    """exp of an exponent held in natural units (exp), or with BASE2 in log2 units (2^x, one multiply
-    an element less). A kernel that takes its exponents in log2 units scales its inputs by
-    log2_units(scale) and takes the row max of those values, so that x - max is the difference of
-    values it holds (never a rounded max * log2(e)), and exchanges its partial maxima in those units
-    too (combine_max_sum's BASE2)."""
-    if BASE2:
-        return tl.exp2(x)
-    else:
-        return exp(x)
-
-
-@triton.jit
-def log2_units(scale, BASE2: tl.constexpr):
-    """The factor that takes an input to the exponent's units: scale, or with BASE2 scale * log2(e)."""
-    if BASE2:
-        return scale * LOG2E
-    else:
-        return scale
-
-
 KEEP = tl.constexpr(1)  # EVICT: a read whose data a later pass reads again (evict_last)
 DROP = tl.constexpr(2)  # EVICT: the last read of the data (evict_first)
 
@@ -407,11 +385,10 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
-def combine_max_sum(m_g, s_g, BASE2: tl.constexpr = 0):
-    """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0); BASE2:
-    the maxima are in log2 units (exp_in)."""
+def combine_max_sum(m_g, s_g):
+    """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0)."""
     m = tl.max(m_g, axis=0)
-    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp_in(m_g - m, BASE2)), axis=0)
+    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m)), axis=0)
     return m, s
 
 

@@ -92,11 +92,11 @@ def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
-def cluster_max_sum(m, s, G, gs, started, BLOCK_G: tl.constexpr, BASE2: tl.constexpr = 0):
+def cluster_max_sum(m, s, G, gs, started, BLOCK_G: tl.constexpr):
     """The row's (max, sum) from this program's chunk partial (m, s): cluster_exchange, then the G pairs
-    combined (lanes at or past G masked; BASE2 as in combine_max_sum)."""
+    combined (lanes at or past G masked)."""
     m_g, s_g = cluster_exchange(m, s, G, gs, started, BLOCK_G)
-    return combine_max_sum(tl.where(gs < G, m_g, float("-inf")), tl.where(gs < G, s_g, 0.0), BASE2)
+    return combine_max_sum(tl.where(gs < G, m_g, float("-inf")), tl.where(gs < G, s_g, 0.0))
 
 
 @triton.jit

@@ -57,13 +57,12 @@ from ._common import (
     edges_grad_write,
     edges_max_sum,
     edges_write,
-    exp_in,
+    exp,
     finish,
     grad_input,
     grad_term,
     load_f32,
     load_scaled,
-    log2_units,
     row_bases,
     tile_mask,
     tiles_grad_sum,
@@ -228,9 +227,9 @@ def finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE: tl.constexpr, PE
 
 
 @triton.jit
-def _max_sum_of(v, gs, G, BASE2: tl.constexpr):
+def _max_sum_of(v, gs, G):
     m_g, s_g = unpack_pair(v)
-    return combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0), BASE2)
+    return combine_max_sum(tl.where(gs < G, m_g, NEG_INF), tl.where(gs < G, s_g, 0.0))
 
 
 @triton.jit
@@ -240,26 +239,25 @@ def _sum_of(v, gs, G):
 
 
 @triton.jit
-def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.constexpr, PER_WORD: tl.constexpr,
-                     BASE2: tl.constexpr = 0):
+def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.constexpr, PER_WORD: tl.constexpr):
     """The row's (max, sum) from this program's chunk partial (m, s). The word exchanged is
     pack_pair(m, s), never 0 (s >= 1 when m is finite, as the chunk's max adds exp(0); m = -inf,
     +inf or NaN has non-zero bits): publish_word, row_words, depart. PHASE 1 only publishes and
     returns (m, s); PHASE 2 only combines (m and s are not read; CoopLaunch zeroes the words after
     it). A one-chunk row (G == 1) in the single launch returns (m, s) as they are: no workspace, no
     exchange (smem's one-chunk rows, session 13). Also returns the counts depart saw, for
-    finish_departure (PER_WORD: see depart). BASE2: the maxima are in log2 units (combine_max_sum)."""
+    finish_departure (PER_WORD: see depart)."""
     seen = gs * 0
     if PHASE == 0:
         if G > 1:
             zero = zero_word(sync_ptr)
             publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
-            m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, True), gs, G, BASE2)
+            m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, True), gs, G)
             seen = depart(ws_ptr, sync_ptr, row, G, gs, s, zero, PER_WORD)
     elif PHASE == 1:
         publish_word(ws_ptr, ticket, pack_pair(m, s), PHASE)
     else:
-        m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, False), gs, G, BASE2)
+        m, s = _max_sum_of(row_words(ws_ptr, row, G, gs, False), gs, G)
     return m, s, seen
 
 
@@ -282,15 +280,14 @@ def exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE: tl.constexpr
 
 
 @triton.jit
-def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BASE2: tl.constexpr = 0):
+def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output of values held in registers: scaled inputs ``z`` and e = exp(z - m) taken
     against the chunk's max ``m``, given the row's (m_r, s_r). Softmax rescales the exponentials
-    already taken, exp(z - m_r) = e * exp(m - m_r); log_softmax uses finish. BASE2: z, m and m_r
-    in log2 units (exp_in; softmax only)."""
+    already taken, exp(z - m_r) = e * exp(m - m_r); log_softmax uses finish."""
     if LOG:
         return finish(z, m_r, s_r, LOG, ZERO_MASKED)
     else:
-        y = e * (exp_in(m - m_r, BASE2) / s_r)
+        y = e * (exp(m - m_r) / s_r)
         if ZERO_MASKED:
             y = tl.where(m_r == NEG_INF, 0.0, y)
         return y
@@ -342,20 +339,19 @@ def _softmax_coop_fwd_kernel(
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
-    BASE2: tl.constexpr = TILES == 1 and not LOG  # a held chunk's softmax: exponents in log2 units (exp_in)
     if TILES == 1:
         mask = tile_mask(first + offs, N, lo, hi, ALIGN)
-        z = load_scaled(x_row + (first + offs) * stride_x_col, mask, log2_units(scale, BASE2))
+        z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
         if ALIGN == 1:
             m = tl.max(z, axis=0)
         else:
-            z_e = load_scaled(x_row + pos_e, mask_e, log2_units(scale, BASE2))
+            z_e = load_scaled(x_row + pos_e, mask_e, scale)
             m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
         m_ref = tl.where(m == NEG_INF, 0.0, m)
-        e = exp_in(z - m_ref, BASE2)
+        e = exp(z - m_ref)
         s = tl.sum(e, axis=0)
         if ALIGN > 1:
-            e_e = exp_in(z_e - m_ref, BASE2)
+            e_e = exp(z_e - m_ref)
             s += tl.sum(e_e, axis=0)
     else:
         m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
@@ -363,17 +359,17 @@ def _softmax_coop_fwd_kernel(
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
     if CLUSTER:
-        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G, BASE2)
+        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
         seen = gs * 0
     else:
-        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD, BASE2)
+        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         y_row = y_ptr + y_base
         if TILES == 1:
-            y = held_output(z, e, m, m_r, s_r, LOG, ZERO_MASKED, BASE2)
+            y = held_output(z, e, m, m_r, s_r, LOG, ZERO_MASKED)
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
             if ALIGN > 1:
-                y_e = held_output(z_e, e_e, m, m_r, s_r, LOG, ZERO_MASKED, BASE2)
+                y_e = held_output(z_e, e_e, m, m_r, s_r, LOG, ZERO_MASKED)
                 tl.store(y_row + pos_e, y_e.to(y_ptr.dtype.element_ty), mask=mask_e)
         else:
             if ALIGN > 1:

@@ -45,10 +45,9 @@ from ._common import (
     DROP,
     SMEM_RESERVED_PER_PROGRAM,
     chunks,
-    exp_in,
+    exp,
     grad_input,
     grad_term,
-    log2_units,
     row_offsets,
     store_out,
 )
@@ -127,11 +126,10 @@ def _max_of_flipped(a, b, flip):
 
 @gluon.jit
 def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
-                   MASKED: gl.constexpr, LEAD: gl.constexpr, BASE2: gl.constexpr, layout: gl.constexpr):
+                   MASKED: gl.constexpr, LEAD: gl.constexpr, layout: gl.constexpr):
     """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
     waiting for each copy group in turn. MASKED: the chunk's window runs past the row's end or (LEAD)
-    starts before the row (those lanes hold the copy's zero fill). BASE2: ``scale`` takes x to log2
-    units (_common.log2_units) and m and s are in them (exp_in: one ex2 of one fma an element).
+    starts before the row (those lanes hold the copy's zero fill).
     m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
     the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
     so the first pass costs a 16-bit element neither a conversion nor a multiply (H200,
@@ -155,7 +153,7 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
         v = buf.index(t).load(layout).to(gl.float32)
-        sv += exp_in(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED, LEAD), BASE2)
+        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED, LEAD))
     return m, gl.sum(sv, 0)
 
 
@@ -198,19 +196,16 @@ def _softmax_smem_fwd_kernel(
     through the cluster's shared memory, past the chunk's: cluster.py).
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
-    elements a cycle, three passes each): softmax takes its exponents in log2 units (_common.exp_in),
-    so exp(z - m) is one flush-to-zero ex2 of fma(x, scale * log2(e), -m); log_softmax keeps natural
-    units (its output is z - m - log(s)); only a row's last chunk masks its lanes.
+    elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
+    fma(x, scale, -m), and only a row's last chunk masks its lanes.
     """
     VEC: gl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     VEC_Y: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
-    BASE2: gl.constexpr = not LOG
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    scale_e = log2_units(scale, BASE2)  # takes x to the exponents' units
     # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
     # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
     n_vec = (N // VEC) * VEC
@@ -229,29 +224,29 @@ def _softmax_smem_fwd_kernel(
         else:
             whole = first + TILES * BLOCK <= n_vec
         if whole:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale_e, TILES, BLOCK, False, LEAD, BASE2, tile_layout)
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, LEAD, tile_layout)
         else:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale_e, TILES, BLOCK, True, LEAD, BASE2, tile_layout)
+            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, LEAD, tile_layout)
     else:
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
     if CLUSTER:
-        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G, BASE2)
+        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
         seen = gs * 0
     else:
-        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD, BASE2)
+        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
-            z = gl.fma(buf.index(t).load(tile_layout).to(gl.float32), scale_e, -m_r)  # lanes past the end: not stored
+            z = gl.fma(buf.index(t).load(tile_layout).to(gl.float32), scale, -m_r)  # lanes past the end: not stored
             if LOG:
                 y = z - log_s
             else:
-                y = exp_in(z, BASE2) * inv
+                y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
             store_out(y_row + cols, y, _row_lanes(cols, n_vec, LEAD), DROP if HINTS else 0)
