@@ -46,6 +46,9 @@ CASES = [("fwd", dt, dt, flags) for dt in ("bf16", "fp16", "fp32") for flags in 
 CASES.append(("fwd", "bf16", "fp32", {}))
 CASES += [("bwd", dt, dt, {k: v for k, v in flags.items() if k != "ZERO_MASKED"})
           for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
+NO_HINTS = {"HINTS": 0}
+CASES += [(k, "bf16", "bf16", NO_HINTS) for k in ("fwd", "bwd")]
+COPY = r"cp\.async\.cg\.shared\.global(?:\.L2::cache_hint)? \[[^]]*\], \[[^]]*\], 0x10"  # a 16-byte copy, hinted or not
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,7 @@ def test_compiles_for_sm90_to_16_byte_copies_and_stores(compiled_sm90, dtype, bi
     ptx = compiled["ptx"]
     threads = config.num_warps * 32
     vectors = config["TILES"] * config["BLOCK"] * bits // 128 // threads  # 16-byte vectors a thread holds
-    assert len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)) == vectors
+    assert len(re.findall(COPY, ptx)) == vectors
     assert not re.search(r"cp\.async\.ca", ptx), "every copy 16 bytes wide (cp.async.cg)"
     assert compiled["shared"] >= config["TILES"] * config["BLOCK"] * bits // 8
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
@@ -103,12 +106,30 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
     compiled = compiled_sm90[("bwd", dtype, dtype, json.dumps(flags))]
     ptx = compiled["ptx"]
     vectors = config["TILES"] * config["BLOCK"] * bits // 128 // (config.num_warps * 32)
-    assert len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)) == 2 * vectors
+    assert len(re.findall(COPY, ptx)) == 2 * vectors
     assert not re.search(r"cp\.async\.ca", ptx), "every copy 16 bytes wide (cp.async.cg)"
     assert compiled["shared"] >= 2 * config["TILES"] * config["BLOCK"] * bits // 8, "dy and y both held"
     stores = len(re.findall(r"st\.global[^\n]*\.v4", ptx))
     assert stores == (0 if flags.get("PHASE") == 1 else vectors), "16-byte dx stores"
     assert_exchange_of_phase(ptx, flags.get("PHASE", 0), per_word=flags.get("PER_WORD", 0))
+
+
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+def test_copies_are_marked_evict_first_and_output_stores_left_plain(compiled_sm90, which):
+    """HINTS (the default): every copy carries an L2 evict_first policy (each element is read once) and no
+    store a cache hint (session28-probes/probe145.log, probe146.log); HINTS 0: no hint anywhere."""
+    import json
+
+    hinted = compiled_sm90[(which, "bf16", "bf16", "{}")]["ptx"]
+    plain = compiled_sm90[(which, "bf16", "bf16", json.dumps(NO_HINTS))]["ptx"]
+    copies = re.findall(r"cp\.async\.\S+", hinted)
+    assert copies and all(c == "cp.async.cg.shared.global.L2::cache_hint" for c in copies
+                          if "commit" not in c and "wait" not in c)
+    assert re.search(r"createpolicy\.fractional\.L2::evict_first", hinted)
+    for ptx in (hinted, plain):
+        stores = re.findall(r"st\.global\S*", ptx)
+        assert stores and not any("evict" in st or "cache_hint" in st for st in stores), stores
+    assert not re.search(r"cache_hint|createpolicy", plain)
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
@@ -263,7 +284,7 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
     for (which, _, bits, meta, nw), got in zip(cases, results, strict=True):
         vectors = meta["TILES"] * meta["BLOCK"] * bits // 128 // (nw * 32)
         held = 2 if which == "bwd" else 1
-        copies = re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", got["ptx"])
+        copies = re.findall(COPY, got["ptx"])
         assert len(copies) == held * vectors and not re.search(r"cp\.async\.ca", got["ptx"]), (which, meta)
         assert len(re.findall(r"st\.global[^\n]*\.v4", got["ptx"])) == vectors, (which, meta)
         assert got["shared"] >= held * meta["TILES"] * meta["BLOCK"] * bits // 8

@@ -42,7 +42,6 @@ from ..dispatch import COOP_PROGRAMS_PER_SM, SMEM_BWD_CLUSTER_MAX_G, SMEM_BWD_CL
 from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
 from . import _common, coop
 from ._common import (
-    DROP,
     SMEM_RESERVED_PER_PROGRAM,
     chunks,
     exp,
@@ -82,6 +81,16 @@ def _row_lanes(cols, n_vec, LEAD: gl.constexpr):
     else:
         inside = cols < n_vec
     return inside
+
+
+@gluon.jit
+def _copy_in(dst, ptrs, mask, ONCE: gl.constexpr):
+    """One copy group into shared memory (cp.async; masked lanes zero-filled). ONCE: the data is read from
+    global memory once, so the copy is marked evict_first: L2 need not keep it."""
+    if ONCE:
+        _async_load(dst, ptrs, mask=mask, eviction_policy="evict_first")
+    else:
+        _async_load(dst, ptrs, mask=mask)
 
 
 @gluon.jit
@@ -188,10 +197,12 @@ def _softmax_smem_fwd_kernel(
     ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop
     kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
-    memory (TILES x BLOCK x the input's element size bytes). HINTS: the output stores are marked
-    evict_first. LEAD: 0, or LINE_BYTES less one 16-byte vector in elements (line_lead): each row's
-    chunks then start on the 128-byte line that holds its first element (_line_lead elements before it,
-    masked), so every copy and store of the row covers whole lines, whatever its start.
+    memory (TILES x BLOCK x the input's element size bytes). HINTS: the copies are marked evict_first
+    (_copy_in) and the output stores left plain: +1.0-1.5 % over plain copies and evict_first stores, the
+    choice before (H200, bench/results/h200/session28-probes/probe145.log). LEAD: 0, or LINE_BYTES less
+    one 16-byte vector in elements (line_lead): each row's chunks then start on the 128-byte line that
+    holds its first element (_line_lead elements before it, masked), so every copy and store of the row
+    covers whole lines, whatever its start.
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
     through the cluster's shared memory, past the chunk's: cluster.py).
 
@@ -216,7 +227,7 @@ def _softmax_smem_fwd_kernel(
     first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        _copy_in(buf.index(t), x_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
         cp.commit_group()
     if PHASE != 2:
         if LEAD > 0:
@@ -249,7 +260,7 @@ def _softmax_smem_fwd_kernel(
                 y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
-            store_out(y_row + cols, y, _row_lanes(cols, n_vec, LEAD), DROP if HINTS else 0)
+            store_out(y_row + cols, y, _row_lanes(cols, n_vec, LEAD))
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -274,8 +285,9 @@ def _softmax_smem_bwd_kernel(
     scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
     word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
-    HINTS: dx stores marked evict_first. LEAD: as in the forward (the lines of dy's rows). CLUSTER: as in
-    the forward (the partial sums through the cluster's shared memory)."""
+    HINTS: as in the forward (copies evict_first, plain dx stores: bf16 64x131072 +5.9 %, fp32 2048x524288
+    +2.0 %, 16-bit 4096 rows level; session28-probes/probe146.log). LEAD: as in the forward (the lines of
+    dy's rows). CLUSTER: as in the forward (the partial sums through the cluster's shared memory)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
@@ -292,8 +304,8 @@ def _softmax_smem_bwd_kernel(
     first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
-        _async_load(yb.index(t), y_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        _copy_in(dyb.index(t), dy_ptr + g_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
+        _copy_in(yb.index(t), y_ptr + g_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
         cp.commit_group()
     if PHASE != 2:
         acc = gl.zeros([BLOCK], gl.float32, tile_layout)
@@ -317,8 +329,7 @@ def _softmax_smem_bwd_kernel(
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
-            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), _row_lanes(cols, n_vec, LEAD),
-                      DROP if HINTS else 0)
+            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), _row_lanes(cols, n_vec, LEAD))
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
