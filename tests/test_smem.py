@@ -46,9 +46,7 @@ CASES = [("fwd", dt, dt, flags) for dt in ("bf16", "fp16", "fp32") for flags in 
 CASES.append(("fwd", "bf16", "fp32", {}))
 CASES += [("bwd", dt, dt, {k: v for k, v in flags.items() if k != "ZERO_MASKED"})
           for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
-NO_HINTS = {"HINTS": 0}
-CASES += [(k, "bf16", "bf16", NO_HINTS) for k in ("fwd", "bwd")]
-COPY = r"cp\.async\.cg\.shared\.global(?:\.L2::cache_hint)? \[[^]]*\], \[[^]]*\], 0x10"  # a 16-byte copy, hinted or not
+COPY = r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10"  # a 16-byte copy
 
 
 @pytest.fixture(scope="module")
@@ -115,21 +113,13 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
 
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
-def test_copies_are_marked_evict_first_and_output_stores_left_plain(compiled_sm90, which):
-    """HINTS (the default): every copy carries an L2 evict_first policy (each element is read once) and no
-    store a cache hint (session28-probes/probe145.log, probe146.log); HINTS 0: no hint anywhere."""
-    import json
-
-    hinted = compiled_sm90[(which, "bf16", "bf16", "{}")]["ptx"]
-    plain = compiled_sm90[(which, "bf16", "bf16", json.dumps(NO_HINTS))]["ptx"]
-    copies = re.findall(r"cp\.async\.\S+", hinted)
-    assert copies and all(c == "cp.async.cg.shared.global.L2::cache_hint" for c in copies
-                          if "commit" not in c and "wait" not in c)
-    assert re.search(r"createpolicy\.fractional\.L2::evict_first", hinted)
-    for ptx in (hinted, plain):
-        stores = re.findall(r"st\.global\S*", ptx)
-        assert stores and not any("evict" in st or "cache_hint" in st for st in stores), stores
-    assert not re.search(r"cache_hint|createpolicy", plain)
+def test_no_copy_or_store_carries_a_cache_hint(compiled_sm90, which):
+    """Plain output stores: marked evict_first they cost 0.8-1.5 % forward and up to 5 % backward
+    (session28-probes/probe145.log, probe146.log)."""
+    ptx = compiled_sm90[(which, "bf16", "bf16", "{}")]["ptx"]
+    stores = re.findall(r"st\.global\S*", ptx)
+    assert stores and not any("evict" in st or "cache_hint" in st for st in stores), sorted(set(stores))
+    assert not re.search(r"cache_hint|createpolicy|evict", ptx)
 
 
 def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):

@@ -84,16 +84,6 @@ def _row_lanes(cols, n_vec, LEAD: gl.constexpr):
 
 
 @gluon.jit
-def _copy_in(dst, ptrs, mask, ONCE: gl.constexpr):
-    """One copy group into shared memory (cp.async; masked lanes zero-filled). ONCE: the data is read from
-    global memory once, so the copy is marked evict_first: L2 need not keep it."""
-    if ONCE:
-        _async_load(dst, ptrs, mask=mask, eviction_policy="evict_first")
-    else:
-        _async_load(dst, ptrs, mask=mask)
-
-
-@gluon.jit
 def _line_lead(row_ptr, LEAD: gl.constexpr, VEC: gl.constexpr):
     """Elements between the line of LEAD + VEC elements (line_lead: LINE_BYTES) that holds the row's first
     element and that element (0 without LEAD): a multiple of VEC, at most LEAD (row_ptr is 16-byte aligned,
@@ -185,7 +175,7 @@ def _softmax_smem_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
+    RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
     CLUSTER: gl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row cooperating,
@@ -197,12 +187,12 @@ def _softmax_smem_fwd_kernel(
     ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop
     kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
-    memory (TILES x BLOCK x the input's element size bytes). HINTS: the copies are marked evict_first
-    (_copy_in) and the output stores left plain: +1.0-1.5 % over plain copies and evict_first stores, the
-    choice before (H200, bench/results/h200/session28-probes/probe145.log). LEAD: 0, or LINE_BYTES less
+    memory (TILES x BLOCK x the input's element size bytes). LEAD: 0, or LINE_BYTES less
     one 16-byte vector in elements (line_lead): each row's chunks then start on the 128-byte line that
     holds its first element (_line_lead elements before it, masked), so every copy and store of the row
-    covers whole lines, whatever its start.
+    covers whole lines, whatever its start. The output stores carry no eviction hint: marked evict_first,
+    as they were until session 28, they ran 0.8-1.5 % slower at every many-row shape (H200, triton 3.6,
+    bench/results/h200/session28-probes/probe145.log, "plan" against "hints0").
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
     through the cluster's shared memory, past the chunk's: cluster.py).
 
@@ -227,7 +217,7 @@ def _softmax_smem_fwd_kernel(
     first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _copy_in(buf.index(t), x_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
+        _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
         cp.commit_group()
     if PHASE != 2:
         if LEAD > 0:
@@ -271,7 +261,7 @@ def _softmax_smem_bwd_kernel(
     stride_d_outer, stride_d_inner, stride_d_col,
     N_BUCKET, M_BUCKET,
     LOG: gl.constexpr, BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
-    HINTS: gl.constexpr = 1, RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
+    RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
     CLUSTER: gl.constexpr = 0,
 ):
     """dx of softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row
@@ -285,9 +275,9 @@ def _softmax_smem_bwd_kernel(
     scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
     word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
-    HINTS: as in the forward (copies evict_first, plain dx stores: bf16 64x131072 +5.9 %, fp32 2048x524288
-    +2.0 %, 16-bit 4096 rows level; session28-probes/probe146.log). LEAD: as in the forward (the lines of
-    dy's rows). CLUSTER: as in the forward (the partial sums through the cluster's shared memory)."""
+    LEAD: as in the forward (the lines of dy's rows). CLUSTER: as in the forward (the partial sums through
+    the cluster's shared memory). The dx stores carry no eviction hint, as in the forward (evict_first cost
+    up to 5 %: bf16 64x131072, fp32 2048x524288 0.7 %, 16-bit 4096 rows nothing; probe146.log)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
@@ -304,8 +294,8 @@ def _softmax_smem_bwd_kernel(
     first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _copy_in(dyb.index(t), dy_ptr + g_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
-        _copy_in(yb.index(t), y_ptr + g_row + cols, _row_lanes(cols, n_vec, LEAD), HINTS)
+        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        _async_load(yb.index(t), y_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
         cp.commit_group()
     if PHASE != 2:
         acc = gl.zeros([BLOCK], gl.float32, tile_layout)
