@@ -114,7 +114,7 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_no_copy_or_store_carries_a_cache_hint(compiled_sm90, which):
-    """Plain output stores: marked evict_first they cost 0.8-1.5 % forward and up to 5 % backward
+    """Plain output stores: marked evict_first they cost 0.8-0.9 % forward and up to 5-6 % backward
     (session28-probes/probe145.log, probe146.log)."""
     ptx = compiled_sm90[(which, "bf16", "bf16", "{}")]["ptx"]
     stores = re.findall(r"st\.global\S*", ptx)

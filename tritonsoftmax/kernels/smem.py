@@ -191,8 +191,8 @@ def _softmax_smem_fwd_kernel(
     one 16-byte vector in elements (line_lead): each row's chunks then start on the 128-byte line that
     holds its first element (_line_lead elements before it, masked), so every copy and store of the row
     covers whole lines, whatever its start. The output stores carry no eviction hint: marked evict_first,
-    as they were until session 28, they ran 0.8-1.5 % slower at every many-row shape (H200, triton 3.6,
-    bench/results/h200/session28-probes/probe145.log, "plan" against "hints0").
+    as they were until session 28, they ran 0.8-0.9 % slower at every many-row shape of probe 145 (H200,
+    triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of identical kernels a side).
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
     through the cluster's shared memory, past the chunk's: cluster.py).
 
@@ -277,7 +277,7 @@ def _softmax_smem_bwd_kernel(
     TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
     LEAD: as in the forward (the lines of dy's rows). CLUSTER: as in the forward (the partial sums through
     the cluster's shared memory). The dx stores carry no eviction hint, as in the forward (evict_first cost
-    up to 5 %: bf16 64x131072, fp32 2048x524288 0.7 %, 16-bit 4096 rows nothing; probe146.log)."""
+    5-6 % at bf16 64x131072, 0.7-2 % at fp32 2048x524288, nothing at 16-bit 4096 rows; probe146.log)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     NW: gl.constexpr = gl.num_warps()
