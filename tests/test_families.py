@@ -281,6 +281,21 @@ def test_coop_refuses_more_programs_a_row_than_can_run_together():
     coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=True)  # no waiting: any G
 
 
+@pytest.mark.parametrize("impl", FAMILY_NAMES)
+def test_inputs_near_the_float32_limit(impl):
+    """Values within float32's range but past what x * log2(e) can hold (> 2.36e38): one element of 3e38, a
+    row of equal -3e38 (uniform), a row alternating +-3e38, and one with 3e38 at both ends of several chunks.
+    Session 28's log2-unit exponents (reverted) turned the first two into NaN."""
+    x = random_input((4, 200), torch.float32, DEVICE)
+    x[0, 5] = 3e38
+    x[1] = -3e38
+    x[2, ::2], x[2, 1::2] = 3e38, -3e38
+    x[3, ::31] = 3e38
+    y = poisoned_like(x)
+    LAUNCHERS[impl](x, y, EXPLICIT[impl][0] if impl != "fused" else None)
+    assert_softmax_close(y, x)
+
+
 @pytest.mark.parametrize("G", [1, 3])
 def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
     x = random_input((3, 96), torch.float32, DEVICE)
