@@ -280,6 +280,32 @@ def exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE: tl.constexpr
 
 
 @triton.jit
+def row_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, started, PHASE: tl.constexpr, PER_WORD: tl.constexpr,
+                CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr):
+    """The row's (max, sum) and the counts for finish_departure, from this program's chunk partial (m, s):
+    with CLUSTER through the cluster's shared memory (cluster_max_sum; no departure), else through the
+    workspace (exchange_max_sum). ``started``: cluster_arrive's result (0 without CLUSTER)."""
+    if CLUSTER:
+        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
+        seen = gs * 0
+    else:
+        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
+    return m_r, s_r, seen
+
+
+@triton.jit
+def row_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, started, PHASE: tl.constexpr, PER_WORD: tl.constexpr,
+            CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr):
+    """The backward's row sum and departure counts, as row_max_sum (cluster_sum or exchange_sum)."""
+    if CLUSTER:
+        red = cluster_sum(part, G, gs, started, BLOCK_G)
+        seen = gs * 0
+    else:
+        red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
+    return red, seen
+
+
+@triton.jit
 def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output of values held in registers: scaled inputs ``z`` and e = exp(z - m) taken
     against the chunk's max ``m``, given the row's (m_r, s_r). Softmax rescales the exponentials
@@ -358,11 +384,7 @@ def _softmax_coop_fwd_kernel(
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)
-    if CLUSTER:
-        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
-        seen = gs * 0
-    else:
-        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
+    m_r, s_r, seen = row_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, started, PHASE, PER_WORD, CLUSTER, BLOCK_G)
     if PHASE != 1:
         y_row = y_ptr + y_base
         if TILES == 1:
@@ -430,11 +452,7 @@ def _softmax_coop_bwd_kernel(
             part += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                                    ALIGN)
     gs = tl.arange(0, BLOCK_G)
-    if CLUSTER:
-        red = cluster_sum(part, G, gs, started, BLOCK_G)
-        seen = gs * 0
-    else:
-        red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
+    red, seen = row_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, started, PHASE, PER_WORD, CLUSTER, BLOCK_G)
     if PHASE != 1:
         d_row = dx_ptr + d_base
         if TILES == 1:

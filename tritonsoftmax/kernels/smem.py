@@ -50,8 +50,8 @@ from ._common import (
     row_offsets,
     store_out,
 )
-from .cluster import cluster_arrive, cluster_max_sum, cluster_sum
-from .coop import CoopFamily, CoopLaunch, exchange_max_sum, exchange_sum, finish_departure, take_ticket
+from .cluster import cluster_arrive
+from .coop import CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
 
 try:
     from triton.experimental import gluon
@@ -233,11 +233,7 @@ def _softmax_smem_fwd_kernel(
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
         s = 0.0
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    if CLUSTER:
-        m_r, s_r = cluster_max_sum(m, s, G, gs, started, BLOCK_G)
-        seen = gs * 0
-    else:
-        m_r, s_r, seen = exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE, PER_WORD)
+    m_r, s_r, seen = row_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, started, PHASE, PER_WORD, CLUSTER, BLOCK_G)
     if PHASE != 1:
         inv = 1.0 / s_r
         log_s = gl.log(s_r)
@@ -309,11 +305,7 @@ def _softmax_smem_bwd_kernel(
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
     gs = gl.arange(0, BLOCK_G, layout=part_layout)
-    if CLUSTER:
-        red = cluster_sum(part, G, gs, started, BLOCK_G)
-        seen = gs * 0
-    else:
-        red, seen = exchange_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, PHASE, PER_WORD)
+    red, seen = row_sum(ws_ptr, sync_ptr, ticket, row, G, part, gs, started, PHASE, PER_WORD, CLUSTER, BLOCK_G)
     if PHASE != 1:
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
