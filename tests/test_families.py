@@ -307,6 +307,35 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
 
 
 @pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype,N,layout,full", [
+    (torch.float32, 128, "rows", 1), (torch.float32, 100, "rows", 0),  # whole chunks; a partial last chunk
+    (torch.float16, 128, "rows", 0),  # 2-byte inputs keep their masks
+    (torch.float32, 2048, "off16", 0),  # rows off 16 bytes (ALIGN > 1 from ALIGN_MIN_N on)
+    (torch.float32, 128, "columns", 1)])  # strided columns
+def test_coop_whole_chunks_go_without_masks(dtype, N, layout, full, log):
+    """FULL (_common.whole_chunks): the forward's held chunks of 4-byte rows that BLOCK divides load and
+    store without masks; it is set where the rule says and the result is right either way."""
+    from tritonsoftmax.layout import matrix_problem
+
+    base = random_input((5, N + 1), dtype, DEVICE, seed=N)  # a row stride of N + 1: rows off 16 bytes
+    x = {"rows": base[:, :N].contiguous(), "off16": base[:, :N],
+         "columns": random_input((N, 5), dtype, DEVICE, seed=N).t()}[layout]
+    x[1, 3] = 3e38 if dtype == torch.float32 else 6e4
+    x[2] = float("-inf")
+    y = poisoned_like(base)[:, :N] if layout == "off16" else poisoned_like(x)  # realigned: one layout
+    config = LaunchConfig.make(1, BLOCK=max(32, N // 4), TILES=1, BLOCK_G=4)
+    launch = coop.FAMILY.prepare(matrix_problem(x, y), config, device_info(x.device),
+                                 flags={"LOG": int(log), "ZERO_MASKED": 0})
+    launch(x, y, 0.5)
+    assert [run.flags["FULL"] for run in launch.launches] == [full] * len(launch.launches)
+    z = x.double() * 0.5
+    ref = torch.log_softmax(z, -1) if log else torch.softmax(z, -1)
+    assert torch.equal(y.isnan(), ref.isnan())
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert ((y.double() - ref).nan_to_num(0).abs() / ref.nan_to_num(0).abs().clamp(min=1)).max().item() <= tol
+
+
+@pytest.mark.parametrize("log", [False, True])
 def test_coop_cooperative_launch_runs_and_leaves_its_counters_ready(log):
     """The single cooperative launch (ticket, word exchange, scratch left zeroed for the next launch).
     Under the interpreter programs run one after another, so there it runs with one program a row

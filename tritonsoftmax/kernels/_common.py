@@ -197,9 +197,12 @@ def store_out(ptrs, value, mask, EVICT: tl.constexpr = 0):
 
 @triton.jit
 def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
-    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale``
-    (EVICT as in load_f32)."""
-    return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
+    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale`` (``mask``
+    None: every lane; EVICT as in load_f32)."""
+    if mask is None:
+        return load_f32(ptrs, None, EVICT) * scale
+    else:
+        return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
 
 
 @triton.jit
@@ -639,6 +642,27 @@ def row_vec(problem: RowProblem, *element_sizes: int) -> int:
     return vec
 
 
+# Held chunks (TILES 1) that are whole in every program of a row skip their masks (FULL): the load, the store and
+# the -inf select go plain, and x * scale - max fuses into one FFMA (sm_90 SASS of coop's fp32 one-warp program: 896
+# -> 720 instructions). H200, kernel time, the plan's config with and without it (bench/results/h200/session29-probes/
+# probe148.log): fp32 8x131072 +6.3 % (1412 -> 1501 GB/s), 16x131072 +5.3 %, 64x131072 +4.6 %, 4x1048576 +4.0 %,
+# 1x131072 +0.5 %; 16-bit cluster programs (8 warps of 32 values a thread) -0.6 to -1.9 %, so 4-byte inputs only.
+# Probe 149 (the rule as adopted): fp32 8x131072 1401 -> 1512 GB/s, 4x1048576 2518 -> 2621, 16x131072 and
+# 64x131072 +4 %; coop's backward (two masked loads a value, no select) -1.0 to +2.3 %, so only the forward takes it.
+FULL_ELEMENT_BYTES = 4
+
+
+def whole_chunks(problem: RowProblem, config: LaunchConfig | None, align: int, element_size: int) -> int:
+    """FULL for the kernels that take it: 1 when the config holds one BLOCK-element chunk a program (TILES 1)
+    on the plain path (``align`` 1), every chunk is whole (N a multiple of BLOCK) and the input's elements
+    are FULL_ELEMENT_BYTES wide; else 0."""
+    if config is None:
+        return 0
+    meta = dict(config.meta)
+    return int(meta.get("TILES") == 1 and align == 1 and problem.N % meta["BLOCK"] == 0
+               and element_size == FULL_ELEMENT_BYTES)
+
+
 # Rows held as half a block plus a small tail (row_tail): blocks of at least TAIL_MIN_BLOCK elements, tails of
 # at most 1/TAIL_MAX_SHARE of the block. H200, kernel time, the same plan with TAIL against TAIL = 0
 # (bench/results/h200/session19-probes/probe82.log): one-row tiles with tails of 4-8 elements gain where the
@@ -740,7 +764,8 @@ class PreparedLaunch:
         return compiled
 
     def _set_align(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Kernels with an ALIGN (VEC, TAIL) parameter get it from row_align (row_vec, row_tail), once."""
+        """Kernels with an ALIGN (VEC, TAIL, FULL) parameter get it from row_align (row_vec, row_tail,
+        whole_chunks), once."""
         sizes = (x.element_size(), y.element_size())
         if "ALIGN" in self.family.kernel.arg_names and "ALIGN" not in self.flags:
             self.flags["ALIGN"] = row_align(self.problem, *sizes)
@@ -749,6 +774,8 @@ class PreparedLaunch:
         if "TAIL" in self.family.kernel.arg_names and "TAIL" not in self.flags:
             block_n = self.config["BLOCK_N"] if self.config is not None else next_power_of_2(self.problem.N)
             self.flags["TAIL"] = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1))
+        if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
+            self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 
     def _kwargs_grid(self) -> tuple[dict[str, int], tuple]:
         """The config's launch keyword arguments and the grid they give."""

@@ -328,7 +328,7 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -350,6 +350,8 @@ def _softmax_coop_fwd_kernel(
     CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
     ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
     not touched; the launch gives SLOT_BYTES * BLOCK_G bytes of dynamic shared memory for it.
+    FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
+    BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -365,8 +367,9 @@ def _softmax_coop_fwd_kernel(
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
+    tl.static_assert(FULL == 0 or (TILES == 1 and ALIGN == 1), "FULL: held chunks on the plain path only")
     if TILES == 1:
-        mask = tile_mask(first + offs, N, lo, hi, ALIGN)
+        mask = None if FULL else tile_mask(first + offs, N, lo, hi, ALIGN)
         z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
         if ALIGN == 1:
             m = tl.max(z, axis=0)
