@@ -14,7 +14,7 @@ from synthetic_devices import GFX942, SM75, SM89, SM90
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import _common, coop, gluon_available
-from tritonsoftmax.kernels.cluster import SLOT_BYTES
+from tritonsoftmax.kernels.cluster import MBAR_BYTES, SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
@@ -99,7 +99,7 @@ def test_coop_launch_prepares_the_cluster_launch_and_a_fallback():
     x = torch.empty(8, 131072)
     config = cluster_config(131072, 8192)
     launch = coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, flags=FWD_FLAGS, two_phase=False)
-    assert launch._cluster.cluster == 16 and launch._cluster.cluster_smem == SLOT_BYTES.value * 16
+    assert launch._cluster.cluster == 16 and launch._cluster.cluster_smem == SLOT_BYTES.value * 16 + MBAR_BYTES
     assert launch._cluster.config["CLUSTER"] == 1 and launch._cluster.flags["PHASE"] == 0
     # What runs should the driver refuse the cluster launch: the same config without it.
     assert [p.config["CLUSTER"] for p in launch.launches] == [0]
@@ -160,8 +160,10 @@ def smem_cluster_ptx() -> list:
 
 @pytest.mark.parametrize("case", [0, 1], ids=["fwd", "bwd"])
 def test_cluster_exchange_ptx(cluster_ptx, case):
-    """Started, then waited for before the remote stores; one release/acquire barrier after them; the
-    slots found from the dynamic shared memory's size; no workspace atomics, no polling."""
+    """The mbarrier initialised and fenced before the start arrive; the cluster waited for before the
+    remote stores (st.async, counted on the receiver's mbarrier, which the receiver waits on with
+    acquire at cluster scope); the slots and the mbarrier found from the dynamic shared memory's
+    size; no workspace atomics, no polling of global memory."""
     assert_cluster_exchange(cluster_ptx[case], "ld.global")
 
 
@@ -174,13 +176,16 @@ def test_smem_cluster_exchange_ptx(smem_cluster_ptx, case):
 
 def assert_cluster_exchange(ptx: str, before: str) -> None:
     """The cluster exchange's instructions in order, ``before`` (the chunk's reads) ahead of them."""
-    order = ["barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned", "mapa.shared::cluster.u32",
-             "st.shared::cluster.v2.f32", "barrier.cluster.arrive.release.aligned",
-             "barrier.cluster.wait.acquire.aligned", "ld.shared.v2.f32"]
+    order = ["mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
+             "barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.wait.aligned",
+             "mbarrier.arrive.expect_tx.shared::cta.b64", "mapa.shared::cluster.u32",
+             "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32",
+             "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64", "ld.shared.v2.f32"]
     at = [ptx.find(op) for op in order]
     assert all(a >= 0 for a in at), dict(zip(order, at, strict=True))
     assert at == sorted(at), dict(zip(order, at, strict=True))
-    assert 0 <= ptx.find(before) < at[2], "the chunk's reads come before the exchange"
+    assert 0 <= ptx.find(before) < at[4], "the chunk's reads come before the exchange"
+    assert "barrier.cluster.arrive.release" not in ptx, "no barrier round trip after the remote stores"
     assert "%dynamic_smem_size" in ptx and "global_smem" in ptx
     assert "atom." not in ptx and "ld.volatile" not in ptx
 

@@ -1,19 +1,25 @@
 """The coop exchange through a CTA cluster's shared memory (NVIDIA sm_90+, inline PTX).
 
 When a row's G chunks are the G programs (CTAs) of one cluster, launched together by the hardware,
-each program writes its partial pair into slot ``rank`` of every program's shared memory
-(``st.shared::cluster``), one cluster barrier (release/acquire) makes the G pairs visible, and each
-program reads them from its own shared memory: no workspace in global memory, no polling, no
-tickets. This is QuACK's exchange; Triton 3.6 has no words for it, so it is written as PTX.
+each program sends its partial pair into slot ``rank`` of every program's shared memory with
+``st.async``, which counts the bytes on the receiving program's mbarrier, and waits on its own
+mbarrier until its G pairs have landed; then it reads them from its own shared memory: no workspace
+in global memory, no polling of it, no tickets, and no barrier round trip after the stores. This is
+QuACK's exchange; Triton 3.6 has no words for it, so it is written as PTX. (Until session 29 the
+stores were plain ``st.shared::cluster`` followed by a release/acquire cluster barrier; the
+mbarrier's one-way stores took 0.15-0.3 us off every cluster exchange on the H200:
+bench/results/h200/session29-probes/probe153.log.)
 
-The slots are the last ``SLOT_BYTES * BLOCK_G`` bytes of the program's dynamic shared memory, past
-what the compiled kernel uses: the launch asks for that much more (``_common.PreparedLaunch``'s
-cluster mode), and the PTX finds them from ``%dynamic_smem_size``, so no offset is compiled in.
+The slots and the mbarrier are the last ``cluster_smem_bytes(BLOCK_G)`` bytes of the program's dynamic
+shared memory, past what the compiled kernel uses: the launch asks for that much more
+(``_common.PreparedLaunch``'s cluster mode), and the PTX finds them from ``%dynamic_smem_size``, so no
+offset is compiled in.
 
-The programs of a cluster must all have started before one writes into another's shared memory
-(CUDA's rule for distributed shared memory): ``cluster_arrive`` (relaxed) at the kernel's start,
-and the matching wait right before the remote stores. No program touches another's shared memory
-after the exchange's barrier, so none has to wait for the others on its way out.
+The programs of a cluster must all have started, and initialised their mbarriers, before one writes
+into another's shared memory (CUDA's rule for distributed shared memory): ``cluster_arrive`` (after
+the mbarrier's init and its fence; relaxed) at the kernel's start, and the matching wait right before
+the remote stores. A program goes on once all G pairs have reached it, so none leaves while another
+may still write into it, and none writes into one that has left.
 """
 
 from __future__ import annotations
@@ -24,37 +30,64 @@ import triton.language as tl
 from ._common import combine_max_sum
 
 SLOT_BYTES = tl.constexpr(8)  # one (float32, float32) pair a program (the PTX below says 8 too)
+MBAR_BYTES = 8  # the program's mbarrier, past its slots (the PTX below says 8 too)
 
-# The address of slot i of this program's own shared memory (the slots close the dynamic shared memory).
-_SLOT_BASE = """
+
+def cluster_smem_bytes(block_g: int) -> int:
+    """The dynamic shared memory a cluster launch adds past the compiled kernel's: BLOCK_G slots and the
+    mbarrier that counts the bytes arriving in them."""
+    return SLOT_BYTES.value * block_g + MBAR_BYTES
+
+
+# The address of this program's mbarrier (the last 8 bytes of its dynamic shared memory).
+_MBAR = """
     mov.u32 %tsm_dyn, %dynamic_smem_size;
-    mov.b32 %tsm_base, global_smem;
-    add.u32 %tsm_base, %tsm_base, %tsm_dyn;
-    sub.u32 %tsm_base, %tsm_base, {slots};
+    mov.b32 %tsm_mbar, global_smem;
+    add.u32 %tsm_mbar, %tsm_mbar, %tsm_dyn;
+    sub.u32 %tsm_mbar, %tsm_mbar, 8;
 """
 
+# Thread 0 initialises the mbarrier (one arrival expected: its own, with the bytes to come); the fence makes
+# that visible to the cluster before the relaxed arrive that tells the others this program has started.
 _ARRIVE = tl.constexpr("""
     {
+    .reg .pred %tsm_p;
+    .reg .b32 %tsm_dyn, %tsm_mbar, %tsm_t;
+""" + _MBAR + """
+    mov.u32 %tsm_t, %tid.x;
+    setp.eq.u32 %tsm_p, %tsm_t, 0;
+    @%tsm_p mbarrier.init.shared::cta.b64 [%tsm_mbar], 1;
+    fence.mbarrier_init.release.cluster;
     barrier.cluster.arrive.relaxed.aligned;
     mov.u32 $0, 0;
     }
 """)
 
-# $0: out (0, for ordering), $1/$2: the pair, $3: the cluster size G, $4: the slots' bytes.
+# $0: out (0, for ordering), $1/$2: the pair, $3: the cluster size G, $4: the slots' bytes. After the
+# cluster wait (every program has started, its mbarrier initialised), thread 0 arms this program's
+# mbarrier for G pairs' bytes, thread t < G sends the pair into slot %cluster_ctarank of program t with
+# st.async, which counts its bytes on program t's mbarrier, and every thread waits until this program's
+# mbarrier has seen its G pairs (acquire, cluster scope): one-way stores, no barrier round trip.
 _PUBLISH = tl.constexpr("""
     {
-    .reg .pred %tsm_p;
-    .reg .b32 %tsm_dyn, %tsm_base, %tsm_t, %tsm_k, %tsm_a;
-""" + _SLOT_BASE.format(slots="$4") + """
+    .reg .pred %tsm_p, %tsm_q;
+    .reg .b32 %tsm_dyn, %tsm_mbar, %tsm_base, %tsm_t, %tsm_k, %tsm_a, %tsm_m, %tsm_x;
+""" + _MBAR + """
+    sub.u32 %tsm_base, %tsm_mbar, $4;
     mov.u32 %tsm_t, %tid.x;
     setp.lt.u32 %tsm_p, %tsm_t, $3;
+    setp.eq.u32 %tsm_q, %tsm_t, 0;
+    shl.b32 %tsm_x, $3, 3;
     mov.u32 %tsm_k, %cluster_ctarank;
     mad.lo.u32 %tsm_a, %tsm_k, 8, %tsm_base;
     barrier.cluster.wait.aligned;
+    @%tsm_q mbarrier.arrive.expect_tx.shared::cta.b64 _, [%tsm_mbar], %tsm_x;
     @%tsm_p mapa.shared::cluster.u32 %tsm_a, %tsm_a, %tsm_t;
-    @%tsm_p st.shared::cluster.v2.f32 [%tsm_a], {$1, $2};
-    barrier.cluster.arrive.release.aligned;
-    barrier.cluster.wait.acquire.aligned;
+    @%tsm_p mapa.shared::cluster.u32 %tsm_m, %tsm_mbar, %tsm_t;
+    @%tsm_p st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%tsm_a], {$1, $2}, [%tsm_m];
+    TSM_WAIT_${:uid}:
+    mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 %tsm_p, [%tsm_mbar], 0;
+    @!%tsm_p bra TSM_WAIT_${:uid};
     mov.u32 $0, 0;
     }
 """)
@@ -62,8 +95,9 @@ _PUBLISH = tl.constexpr("""
 # $0/$1: slot i's pair, $2: i, $3: the slots' bytes.
 _READ = tl.constexpr("""
     {
-    .reg .b32 %tsm_dyn, %tsm_base;
-""" + _SLOT_BASE.format(slots="$3") + """
+    .reg .b32 %tsm_dyn, %tsm_mbar, %tsm_base;
+""" + _MBAR + """
+    sub.u32 %tsm_base, %tsm_mbar, $3;
     mad.lo.u32 %tsm_base, $2, 8, %tsm_base;
     ld.shared.v2.f32 {$0, $1}, [%tsm_base];
     }
@@ -72,8 +106,9 @@ _READ = tl.constexpr("""
 
 @triton.jit
 def cluster_arrive():
-    """The kernel's first step in cluster mode: this program has started (a relaxed cluster arrive;
-    cluster_exchange waits on it before its remote stores). Returns 0, for ordering."""
+    """The kernel's first step in cluster mode: thread 0 initialises this program's mbarrier, then the
+    program says it has started (a relaxed cluster arrive; cluster_exchange waits on it before its
+    remote stores). Returns 0, for ordering."""
     return tl.inline_asm_elementwise(_ARRIVE, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -81,7 +116,8 @@ def cluster_arrive():
 def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
     """Every program's pair of the cluster, over the lanes ``gs`` (0 .. BLOCK_G - 1): this program's
     float32 pair (a, b) goes into slot ``%cluster_ctarank`` of each of the G programs' shared memory
-    (thread t < G writes program t's), then one cluster barrier, then lane i reads slot i here.
+    (thread t < G sends program t's, counted on program t's mbarrier), this program waits until its own
+    mbarrier has counted G pairs, then lane i reads slot i here.
     Lanes at or past G read slots nobody wrote: the caller masks them. ``started``: cluster_arrive's
     result (ties the order). Returns (a_i, b_i) as BLOCK_G-lane float32 tensors."""
     slots = BLOCK_G * SLOT_BYTES

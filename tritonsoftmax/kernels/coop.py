@@ -71,7 +71,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
-from .cluster import SLOT_BYTES, cluster_arrive, cluster_max_sum, cluster_sum
+from .cluster import cluster_arrive, cluster_max_sum, cluster_smem_bytes, cluster_sum
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -349,7 +349,7 @@ def _softmax_coop_fwd_kernel(
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
     ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
-    not touched; the launch gives SLOT_BYTES * BLOCK_G bytes of dynamic shared memory for it.
+    not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
     """
@@ -425,7 +425,7 @@ def _softmax_coop_bwd_kernel(
     VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
     ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
-    not touched; the launch gives SLOT_BYTES * BLOCK_G bytes of dynamic shared memory for it.
+    not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
@@ -620,7 +620,7 @@ class CoopLaunch:
         self._idle_scratch = None  # cluster mode: the scratch pointers passed, which the kernel never touches
         if cluster_mode(run, g, device, two_phase):
             self._cluster = PreparedLaunch(family, problem, run, device, flags={**flags, "PHASE": 0},
-                                           cluster=g, cluster_smem=SLOT_BYTES.value * run["BLOCK_G"])
+                                           cluster=g, cluster_smem=cluster_smem_bytes(run["BLOCK_G"]))
         if "CLUSTER" in dict(run.meta):
             run = run.with_meta(CLUSTER=0)
         self.per_word = family.departs_per_word and not two_phase and per_word_departure(g, problem.M, device)
