@@ -7,7 +7,7 @@ mbarrier until its G pairs have landed; then it reads them from its own shared m
 in global memory, no polling of it, no tickets, and no barrier round trip after the stores. This is
 QuACK's exchange; Triton 3.6 has no words for it, so it is written as PTX. (Until session 29 the
 stores were plain ``st.shared::cluster`` followed by a release/acquire cluster barrier; the
-mbarrier's one-way stores took 0.15-0.3 us off every cluster exchange on the H200:
+mbarrier's one-way stores took 0.14-0.29 us off every cluster shape measured on the H200:
 bench/results/h200/session29-probes/probe153.log.)
 
 The slots and the mbarrier are the last ``cluster_smem_bytes(BLOCK_G)`` bytes of the program's dynamic
@@ -119,7 +119,8 @@ def cluster_exchange(a, b, G, gs, started, BLOCK_G: tl.constexpr):
     (thread t < G sends program t's, counted on program t's mbarrier), this program waits until its own
     mbarrier has counted G pairs, then lane i reads slot i here.
     Lanes at or past G read slots nobody wrote: the caller masks them. ``started``: cluster_arrive's
-    result (ties the order). Returns (a_i, b_i) as BLOCK_G-lane float32 tensors."""
+    result (ties the order). Once a launch: the wait is for the mbarrier's first phase (parity 0).
+    Returns (a_i, b_i) as BLOCK_G-lane float32 tensors."""
     slots = BLOCK_G * SLOT_BYTES
     done = tl.inline_asm_elementwise(_PUBLISH, "=r,f,f,r,r", [a, b, G + started, slots], dtype=tl.int32,
                                      is_pure=False, pack=1)
