@@ -367,7 +367,7 @@ def _softmax_coop_fwd_kernel(
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
-    tl.static_assert(FULL == 0 or (TILES == 1 and ALIGN == 1), "FULL: held chunks on the plain path only")
+    tl.static_assert(not FULL or (TILES == 1 and ALIGN == 1), "FULL: held chunks on the plain path only")
     if TILES == 1:
         mask = None if FULL else tile_mask(first + offs, N, lo, hi, ALIGN)
         z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
