@@ -8,6 +8,7 @@ TARGET: "cuda:90" or "hip:gfx942:64" (arch, wavefront size). Prints a list of th
 active driver; without a GPU there is none, so for an AMD target the answer is set to that target before
 the package is imported."""
 
+import inspect
 import json
 import os
 import sys
@@ -45,7 +46,9 @@ def compile_case(which: str, flags: dict) -> str:
             sig[name] = "i32"
         else:
             sig[name] = "constexpr"
-    const = {"LOG": 0, "ZERO_MASKED": 0} if which == "fwd" else {"LOG": 0}
+    # The kernel's own defaults first (as a launch has them): a constexpr left out would compile as None.
+    const = {p.name: p.default for p in kernel.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    const.update({"LOG": 0, "ZERO_MASKED": 0} if which == "fwd" else {"LOG": 0})
     const.update({"BLOCK": 2048, "TILES": 1, "BLOCK_G": 64, "PHASE": 0, "HINTS": 1, "ALIGN": 1, "RESIDENT": 0, "VEC": 1,
                   **flags})
     compiled = triton.compile(ASTSource(kernel, sig, const), target=TARGET, options={"num_warps": 4})
