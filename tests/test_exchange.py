@@ -58,6 +58,25 @@ def test_two_phases_have_no_atomics(sm90, case):
     assert "atom." not in sm90[json.dumps(case)]
 
 
+WHOLE_CHUNKS = [["fwd", {"RESIDENT": 1, "FULL": 1}], ["fwd", {"RESIDENT": 1}]]
+
+
+@pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942:64", "hip:gfx1100:32"])
+def test_whole_chunks_load_and_store_without_predicates(target):
+    """FULL (_common.whole_chunks): the held chunk's loads and stores (bf16) lose their predicates, and
+    nothing else of the exchange changes; the same kernel without FULL keeps them (so the check can
+    fail). On AMD compiled only, as everything there."""
+    full, plain = run_compile_script("coop_compile.py", target, json.dumps(WHOLE_CHUNKS))
+    if target.startswith("cuda"):
+        masked_loads = r"@%p\d+ ld\.global\.(?!volatile)[\w.]+"
+        assert not re.findall(masked_loads, full) and len(re.findall(masked_loads, plain)) >= 16
+        masked_stores = r"@%p\d+ st\.global\.b16"
+        assert not re.findall(masked_stores, full) and re.findall(masked_stores, plain)
+        assert_fence_free_exchange(full)
+    else:
+        assert "_atomic_swap_" in full and "_atomic_swap_" in plain  # the word exchange, compiled for AMD
+
+
 @pytest.mark.parametrize("target", ["hip:gfx942:64", "hip:gfx90a:64", "hip:gfx1100:32"])
 def test_coop_polls_with_atomics_on_amd(target):
     """Triton gives a volatile load no cache-coherence bits on AMD, so a poll by load could spin on a
