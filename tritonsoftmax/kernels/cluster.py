@@ -30,7 +30,7 @@ import triton.language as tl
 from ._common import combine_max_sum
 
 SLOT_BYTES = tl.constexpr(8)  # one (float32, float32) pair a program (the PTX below says 8 too)
-MBAR_BYTES = 8  # the program's mbarrier, past its slots (the PTX below says 8 too)
+MBAR_BYTES = 8  # the program's mbarrier, past its slots
 
 
 def cluster_smem_bytes(block_g: int) -> int:
@@ -39,12 +39,12 @@ def cluster_smem_bytes(block_g: int) -> int:
     return SLOT_BYTES.value * block_g + MBAR_BYTES
 
 
-# The address of this program's mbarrier (the last 8 bytes of its dynamic shared memory).
-_MBAR = """
+# The address of this program's mbarrier (the last MBAR_BYTES of its dynamic shared memory).
+_MBAR = f"""
     mov.u32 %tsm_dyn, %dynamic_smem_size;
     mov.b32 %tsm_mbar, global_smem;
     add.u32 %tsm_mbar, %tsm_mbar, %tsm_dyn;
-    sub.u32 %tsm_mbar, %tsm_mbar, 8;
+    sub.u32 %tsm_mbar, %tsm_mbar, {MBAR_BYTES};
 """
 
 # Thread 0 initialises the mbarrier (one arrival expected: its own, with the bytes to come); the fence makes

@@ -185,7 +185,7 @@ def _softmax_smem_fwd_kernel(
     stride_y_col are not read), rows starting on 16-byte boundaries, N a multiple of the 16-byte
     vector (SmemLaunch checks all of it). scale, M, N, INNER, stride_*_outer/inner, LOG,
     ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop
-    kernel (tickets and the (max, sum) exchange are coop's: exchange_max_sum). BLOCK: elements per
+    kernel (tickets and the (max, sum) exchange are coop's: row_max_sum). BLOCK: elements per
     copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
     memory (TILES x BLOCK x the input's element size bytes). LEAD: 0, or LINE_BYTES less
     one 16-byte vector in elements (line_lead): each row's chunks then start on the 128-byte line that
@@ -263,7 +263,7 @@ def _softmax_smem_bwd_kernel(
     """dx of softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row
     cooperating, each holding its chunks of dy and y in shared memory in their dtype: one pass sums
     grad_term(dy, y) over the chunk, the row's partial sums meet through coop's exchange
-    (exchange_sum), and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
+    (row_sum), and a second pass writes dx = grad_input(dy, y, red, scale) from shared memory.
 
     dy_ptr, y_ptr: incoming gradient and saved output, one layout (stride_g_*); dx_ptr: the result
     (stride_d_*). Unit column strides (stride_g_col and stride_d_col are not read), 16-byte aligned
