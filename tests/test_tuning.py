@@ -296,7 +296,7 @@ def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path, up_to):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "2 shapes (1 entry)" in run.stdout and "bucket 512" in run.stdout, run.stdout
-    assert "over N 300/400" in run.stdout, run.stdout
+    assert "over 4x300/4x400" in run.stdout, run.stdout
     (table,) = out.rglob("*.yaml")
     data = yaml.safe_load(table.read_text())
     key = 400 if up_to else 512
@@ -310,6 +310,19 @@ def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path, up_to):
         bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--up-to", "--out", str(out)],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert bad.returncode == 2 and "--up-to" in bad.stderr
+
+
+def test_tuner_row_counts_in_one_m_bucket_give_one_entry(tmp_path):
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    run = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
+                          "--n", "300", "--m", "8", "16", "2", "--rep-ms", "5", "--out", str(out)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "3 shapes (2 entries)" in run.stdout and "over 8x300/16x300" in run.stdout, run.stdout
+    (table,) = out.rglob("*.yaml")
+    entries = yaml.safe_load(table.read_text())["entries"]["fused"]["float32"]
+    assert set(entries) == {512} and set(entries[512]) == {4, 16}
 
 
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):

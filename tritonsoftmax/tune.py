@@ -11,6 +11,8 @@ and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` l
     python -m tritonsoftmax.tune --n 131072 --m 1 8 --timer kernel  # few short launches: rank by kernel time
     python -m tritonsoftmax.tune --families fused --n 300 400 512 --m 16384  # one entry for bucket 512,
                                                                   # chosen across the three lengths
+    python -m tritonsoftmax.tune --families coop --n 131072 --m 8 16  # one entry for M bucket 16, chosen
+                                                                  # across 8 and 16 rows
     python -m tritonsoftmax.tune --families fused --n 4100 6144 --up-to  # an entry for rows of 4097..6144
                                                                   # (the 8192 bucket's entry keeps the rest)
 
@@ -53,7 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "then serves the bucket's rows up to that length, and a longer key of the bucket (the "
                          "bucket's own entry) the rest")
     ap.add_argument("--m", type=int, nargs="+", default=[4096],
-                    help="row counts to tune at (each capped so that M*N <= --max-elements)")
+                    help="row counts to tune at (each capped so that M*N <= --max-elements); counts in one M "
+                         "bucket (1, 4, 16, ...: 8 and 16 share 16) give one entry, chosen across them as across "
+                         "lengths")
     ap.add_argument("--max-elements", type=int, default=2**27)
     ap.add_argument("--rep-ms", type=float, default=25.0, help="do_bench repetition budget per config")
     ap.add_argument("--timer", choices=TIMERS, default="events",
@@ -138,7 +142,7 @@ def choose_across_lengths(timings_by_n: dict) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from . import dispatch, tuning
-    from .config import n_bucket
+    from .config import m_bucket, n_bucket
     from .device import device_info, interpreter_active
     from .kernels import ALL_FAMILY_NAMES, backward_family, family
 
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
                                                    if n_bucket(args.n_min) <= b <= args.n_max]
-    groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, m) -> [(N, M)]
+    groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, M bucket) -> [(N, M)]
     for dname in args.dtypes:
         for N in lengths:
             for m in args.m:
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 names += [f for f in args.families if f != "auto" and f not in names]
                 for f in names:
                     if not (f == "fused" and N > 65536):
-                        shapes = groups.setdefault((f, dname, n_bucket(N), m), [])
+                        shapes = groups.setdefault((f, dname, n_bucket(N), m_bucket(M)), [])
                         if (N, M) not in shapes:
                             shapes.append((N, M))
     n_shapes = sum(map(len, groups.values()))
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(timings_by_n) > 1:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
-                  f"over N {'/'.join(str(n) for n, _ in timings_by_n)}", flush=True)
+                  f"over {'/'.join(f'{m}x{n}' for n, m in timings_by_n)}", flush=True)
         errors = {shape: w.error(fam.prepare(w.problem, chosen, info, flags=w.flags)) for shape, w in works.items()}
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
