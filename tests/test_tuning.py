@@ -323,6 +323,13 @@ def test_tuner_row_counts_in_one_m_bucket_give_one_entry(tmp_path):
     (table,) = out.rglob("*.yaml")
     entries = yaml.safe_load(table.read_text())["entries"]["fused"]["float32"]
     assert set(entries) == {512} and set(entries[512]) == {4, 16}
+    assert "replaces" not in run.stdout, run.stdout
+    again = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
+                            "--n", "300", "--m", "16", "--rep-ms", "5", "--out", str(out)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    was = LaunchConfig.from_dict(entries[512][16]["config"])
+    assert f"replaces {was}: " in again.stdout and "x the new entry's time at worst" in again.stdout, again.stdout
 
 
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):

@@ -176,6 +176,17 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
     return None
 
 
+def stored_config(root: Path, device: DeviceInfo, family: str, dtype: torch.dtype, n_key: int,
+                  m_key: int) -> LaunchConfig | None:
+    """The config ``root``'s table holds at exactly this slot (N key, M bucket; no nearest-bucket search),
+    or None: what a tuner run is about to replace."""
+    try:
+        item = _read(table_path(root, device)).get(family, {}).get(DTYPE_NAMES[dtype], {}).get(n_key, {}).get(m_key)
+        return LaunchConfig.from_dict(item["config"])
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return None
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     lock = path.with_suffix(path.suffix + ".lock")
