@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import tuning
-from .config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
+from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
 from .kernels._common import heuristic_warps, row_tail
@@ -504,13 +504,9 @@ _plans: dict[tuple, Plan] = {}
 
 def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int) -> tuning.Entry | None:
     """The tuning table's entry for family ``fam`` at this shape; families whose grid grows with M take
-    entries from fewer rows only (tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M). Many rows (not few_rows) take
-    no entry tuned on few rows: the two are different regimes. Few 16-bit rows of 64K-256K tune to cluster
-    configs (smem 128x131072 bf16 3392 GB/s against its heuristic's 2748, session 30), which at 4096 rows
-    lose to the heuristic (session 27, probes 135-136: 4096x65536 0.88-0.96 x, 4096x262144 0.71-0.89 x)."""
+    entries from fewer rows only (tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M)."""
     fewer = tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
-    many_from = FEW_ROWS_PER_SM * device.sm_count
-    return tuning.lookup(device, fam.name, dtype, N, M, fewer, m_bucket(many_from) if M >= many_from else 1)
+    return tuning.lookup(device, fam.name, dtype, N, M, fewer)
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,

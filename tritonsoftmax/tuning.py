@@ -141,19 +141,16 @@ def n_keys(keys, N: int) -> list[int]:
 
 
 def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
-           fewer_rows_factor: int = NEAREST_M, min_m_key: int = 1) -> Entry | None:
+           fewer_rows_factor: int = NEAREST_M) -> Entry | None:
     """The stored config for this shape, or None. The N key must lie in N's bucket (n_keys gives
     the order when a bucket holds several); among its M buckets the exact one wins, else the
     nearest (in powers of 4) within a factor of NEAREST_M, and within ``fewer_rows_factor`` when M
     is below the entry's: a config tuned on thousands of rows (several rows a program, chunks sized
-    to fill the GPU with many rows) is not used for a handful. M buckets below ``min_m_key`` are
-    not used at all (the dispatcher keeps entries tuned on few rows from many). The first root that
-    has a usable entry wins."""
+    to fill the GPU with many rows) is not used for a handful. The first root that has a usable
+    entry wins."""
     if dtype not in DTYPE_NAMES:
         return None
     mb = m_bucket(M)
-    if mb < min_m_key:
-        return None
     up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
     for root in roots():
         path = table_path(root, device)
@@ -165,8 +162,7 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
             if not isinstance(by_m, dict) or not by_m:
                 continue
             try:
-                usable = [k for k in map(int, by_m)
-                          if -up <= k.bit_length() - mb.bit_length() <= down and k >= min_m_key]
+                usable = [k for k in map(int, by_m) if -up <= k.bit_length() - mb.bit_length() <= down]
                 if not usable:
                     continue
                 best = min(usable, key=lambda k: (abs(k.bit_length() - mb.bit_length()), k))
