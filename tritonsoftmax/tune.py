@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over {'/'.join(f'{m}x{n}' for n, m in timings_by_n)}", flush=True)
-        N, M = max(timings_by_n)  # the entry's time: the longest length's
+        N, M = max(timings_by_n)  # the entry's time: its largest shape's (the longest N, then the most rows)
         n_key = N if args.up_to else n_bucket(N)
         was = tuning.stored_config(root, info, fam.name, dtype, n_key, m_bucket(M))
         if was is not None:
