@@ -235,17 +235,16 @@ def main(argv: list[str] | None = None) -> int:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over {'/'.join(f'{m}x{n}' for n, m in timings_by_n)}", flush=True)
-        N, M = max(timings_by_n)  # the entry's time: its largest shape's (the longest N, then the most rows)
-        n_key = N if args.up_to else n_bucket(N)
-        was = tuning.stored_config(root, info, fam.name, dtype, n_key, m_bucket(M))
-        if was is not None:
-            shares = [t[was] / t[chosen] for t in timings_by_n.values() if was in t]
-            print(f"    replaces {was}: " + (f"{max(shares):.3f}x the new entry's time at worst" if shares
-                                            else "not in this run's search space"), flush=True)
         errors = {shape: w.error(fam.prepare(w.problem, chosen, info, flags=w.flags)) for shape, w in works.items()}
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue
+        N, M = max(timings_by_n)  # the entry's time: its largest shape's (the longest N, then the most rows)
+        was = tuning.stored_config(root, info, fam.name, dtype, N, M, args.up_to)
+        if was is not None:
+            shares = [t[was] / t[chosen] for t in timings_by_n.values() if was in t]
+            print(f"    replaces {was}: " + (f"{max(shares):.3f}x the new entry's time at worst" if shares
+                                            else "not in this run's search space"), flush=True)
         # Written after every entry: a run cut short keeps all it measured (session 16's, written every
         # 8 shapes, lost two finished ones to its timeout). A write costs far less than an entry's tuning.
         # The covers line says how many entries are in, so a run cut short (or with an entry that found no

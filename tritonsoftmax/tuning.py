@@ -154,7 +154,7 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
     up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
     for root in roots():
         path = table_path(root, device)
-        by_n = _read(path).get(family, {}).get(DTYPE_NAMES[dtype], {})
+        by_n = _family_entries(path, family, dtype)
         if not isinstance(by_n, dict):
             continue
         for key in n_keys(by_n, N):
@@ -176,13 +176,24 @@ def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
     return None
 
 
-def stored_config(root: Path, device: DeviceInfo, family: str, dtype: torch.dtype, n_key: int,
-                  m_key: int) -> LaunchConfig | None:
-    """The config ``root``'s table holds at exactly this slot (N key, M bucket; no nearest-bucket search),
-    or None: what a tuner run is about to replace."""
+def _family_entries(path: Path, family: str, dtype: torch.dtype):
+    """One family's entries for one dtype in the table at ``path``: {N key: {M bucket: item}} (or whatever a
+    hand-edited file holds there)."""
+    return _read(path).get(family, {}).get(DTYPE_NAMES[dtype], {})
+
+
+def _slot(N: int, M: int, up_to_n: bool = False) -> tuple[int, int]:
+    """Where an entry for (N, M) lives: N's bucket (or N itself, ``up_to_n``) and M's bucket."""
+    return (N if up_to_n else n_bucket(N)), m_bucket(M)
+
+
+def stored_config(root: Path, device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
+                  up_to_n: bool = False) -> LaunchConfig | None:
+    """The config ``root``'s table holds in exactly the slot that :func:`record` would write (N, M) to (no
+    nearest-bucket search), or None: what a tuner run is about to replace."""
+    n_key, m_key = _slot(N, M, up_to_n)
     try:
-        item = _read(table_path(root, device)).get(family, {}).get(DTYPE_NAMES[dtype], {}).get(n_key, {}).get(m_key)
-        return LaunchConfig.from_dict(item["config"])
+        return LaunchConfig.from_dict(_family_entries(table_path(root, device), family, dtype)[n_key][m_key]["config"])
     except (AttributeError, TypeError, ValueError, KeyError):
         return None
 
@@ -244,9 +255,9 @@ def record(root: Path, device: DeviceInfo,
                 doc = {}
         entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
         for family, dtype, N, M, config, ms in results:
-            key = N if up_to_n else n_bucket(N)
-            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(key, {})
-            slot[m_bucket(M)] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
+            n_key, m_key = _slot(N, M, up_to_n)
+            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_key, {})
+            slot[m_key] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
                                  "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         parts = (doc.get("header") or {}).get("covers") or []
         parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
