@@ -294,9 +294,29 @@ def test_register_cap_holds_four_warp_configs_to_64_registers():
         assert smem().register_capped(other) == other
 
 
+@pytest.mark.parametrize("meta,N,lead,want,ticketed_g", [
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 2}, 14400, 0, (2, 4, 2048), 3),     # G + 1 would be 3 x 5 x 1024
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 2}, 9000, 56, (2, 5, 1024), 3),     # ... 3 x 3 x 1024
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8}, 60000, 56, (8, 4, 2048), 9),    # ... 9 x 7 x 1024
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8}, 66808, 56, (6, 11, 1024), 6),   # G + 1 in 11 x 1024: taken
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 16}, 100000, 56, (14, 7, 1024), 14),  # G 13 is past 8: taken
+], ids=str)
+def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elements(meta, N, lead, want, ticketed_g):
+    """balanced_config gives a cluster-mode config G + 1 chunks a row only in chunks of CLUSTER_CUT_MIN_CHUNK
+    elements or more, or when G is past CLUSTER_CUT_MAX_G (session31-probes/probe157.log, probe159-G.log); the
+    same config out of cluster mode takes G + 1 wherever that allocates less."""
+    mod = smem()
+    c = mod.balanced_config(LaunchConfig.make(4, CLUSTER=1, **meta), N, 2, SM90, lead)
+    got = dict(c.meta)
+    assert (chunks(N, got), c["TILES"], c["BLOCK"]) == want and got["CLUSTER"] == 1 and c["BLOCK_G"] >= want[0]
+    assert want[0] * c["TILES"] * c["BLOCK"] >= N + got.get("LEAD", 0)
+    ticketed = mod.balanced_config(LaunchConfig.make(4, **meta), N, 2, SM90, lead)
+    assert chunks(N, dict(ticketed.meta)) == ticketed_g, ticketed
+
+
 def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
-    """The heuristic's config and a stored one are cut to the row; a config the caller names runs as given
-    (the tuner times what it names)."""
+    """The heuristic's config and a stored one are cut to the row (dispatched_form); a config the caller names
+    runs as given. The tuner names each config's dispatched_form, so it times what a stored entry will run."""
     x = torch.empty(4096, 50264, dtype=torch.bfloat16, device="meta")
     base = smem()._heuristic(SM90, 4096, 50264)
     heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
@@ -306,6 +326,7 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     assert heuristic.config == stored.config == want and want.meta != base.meta and want["LEAD"] == 56
     assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base
+    assert smem().FAMILY.dispatched_form(matrix_problem(x, x), base, SM90) == want
     assert heuristic._may_give_up and stored._may_give_up and not explicit._may_give_up
 
 

@@ -330,6 +330,12 @@ def test_tuner_row_counts_in_one_m_bucket_give_one_entry(tmp_path):
     assert again.returncode == 0, again.stderr
     was = LaunchConfig.from_dict(entries[512][16]["config"])
     assert f"replaces {was}: " in again.stdout and "x the new entry's time at worst" in again.stdout, again.stdout
+    near = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--families", "fused", "--dtypes", "float32",
+                           "--n", "300", "--m", "64", "--rep-ms", "5", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert near.returncode == 0, near.stderr
+    now = LaunchConfig.from_dict(yaml.safe_load(table.read_text())["entries"]["fused"]["float32"][512][16]["config"])
+    assert f"replaces the nearest entry's config {now}: " in near.stdout, near.stdout  # M bucket 16 served 64
 
 
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
@@ -402,3 +408,34 @@ def test_tuner_refuses_the_kernel_timer_without_a_gpu(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 2 and "needs a GPU" in run.stderr
     assert not list(tmp_path.rglob("*.yaml"))
+
+
+def test_tuner_times_each_config_as_the_dispatcher_will_run_it(tmp_path, monkeypatch, capsys):
+    """The tuner prepares every config of the space, and the chosen one for its error check, through the family's
+    dispatched_form: what a launch from a stored entry runs (smem cuts a bucket's config to the row, so a length
+    below the bucket's top ran uncut in the tuner and cut in the dispatcher before session 31)."""
+    from tritonsoftmax import tune
+    from tritonsoftmax.kernels import _common, fused
+
+    formed, prepared = [], []
+    real_prepare = _common.Family.prepare
+
+    def dispatched_form(self, problem, config, device):
+        formed.append(config)
+        return config.with_options(marked=1)
+
+    def prepare(self, problem, config, device, from_store=False, flags=None):
+        prepared.append(config)
+        return real_prepare(self, problem, config.with_options(**{k: v for k, v in config.options if k != "marked"}),
+                            device, from_store, flags)
+
+    monkeypatch.setattr(_common.Family, "dispatched_form", dispatched_form)
+    monkeypatch.setattr(_common.Family, "prepare", prepare)
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert tune.main(["--families", "fused", "--dtypes", "float32", "--n", "300", "--m", "4", "--rep-ms", "5",
+                      "--out", str(tmp_path / "tuned")]) == 0
+    space = fused.FAMILY.configs(device_info(torch.device(DEVICE)), 4, 300)
+    assert len(formed) == len(space) + 1 and set(formed[:-1]) == set(space), (formed, space)
+    assert all(dict(c.options).get("marked") == 1 for c in prepared) and len(prepared) == len(formed)
+    assert "[1/1]" in capsys.readouterr().out

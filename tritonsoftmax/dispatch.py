@@ -502,11 +502,11 @@ class Plan:
 _plans: dict[tuple, Plan] = {}
 
 
-def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int) -> tuning.Entry | None:
-    """The tuning table's entry for family ``fam`` at this shape; families whose grid grows with M take
-    entries from fewer rows only (tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M)."""
+def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int, within=None) -> tuning.Entry | None:
+    """The tuning table's entry for family ``fam`` at this shape (``within``: from that root's table only);
+    families whose grid grows with M take entries from fewer rows only (tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M)."""
     fewer = tuning.NEAREST_M_FEWER_ROWS_GRID_FROM_M if fam.grid_from_m else tuning.NEAREST_M
-    return tuning.lookup(device, fam.name, dtype, N, M, fewer)
+    return tuning.lookup(device, fam.name, dtype, N, M, fewer, within)
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,

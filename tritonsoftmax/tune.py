@@ -1,7 +1,9 @@
 """The tuner: ``python -m tritonsoftmax.tune``.
 
-Times every config of a family's search space for each (dtype, N bucket, M) on the current GPU
-and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml`` layout).
+Times every config of a family's search space for each (dtype, N bucket, M) on the current GPU, each
+in the form a launch from the table will run it (``Family.dispatched_form``: smem cuts a bucket's config
+to the row's length), and writes the winners to a tuning table (``tune_cache/<backend>/<arch>.yaml``
+layout).
 
     python -m tritonsoftmax.tune                                 # what `auto` uses, all dtypes, N = 1 .. 8M
     python -m tritonsoftmax.tune --dtypes float32 --n-max 65536  # a part of it
@@ -139,6 +141,22 @@ def choose_across_lengths(timings_by_n: dict) -> tuple:
     return chosen, max(shares[chosen])
 
 
+def _served_before(root, info, fname: str, dname: str, shape: tuple[int, int], args) -> tuple[str, object]:
+    """What served a group's largest shape in ``root``'s table before the run: (how it was found, its config), from
+    the slot the entry will take (how: "") or the nearest entry the lookup gave; ("", None) when none did."""
+    from . import dispatch, tuning
+    from .kernels import backward_family, family
+
+    N, M = shape
+    dtype = DTYPES[dname]
+    exact = tuning.stored_config(root, info, fname, dtype, N, M, args.up_to)
+    if exact is not None:
+        return "", exact
+    fam = backward_family(fname) if args.backward else family(fname)
+    near = dispatch.stored(info, fam, dtype, N, M, within=root)
+    return ("the nearest entry's config ", near.config) if near is not None else ("", None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from . import dispatch, tuning
@@ -199,10 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
 
+    served = {g: _served_before(root, info, g[0], g[1], max(shapes), args) for g, shapes in groups.items()}
     start = time.time()
     recorded, done, written_covers = 0, 0, ""
     gen = torch.Generator().manual_seed(0)
-    for (fname, dname, _, _), shapes in groups.items():
+    for group, shapes in groups.items():
+        fname, dname = group[:2]
         dtype = DTYPES[dname]
         fam = backward_family(fname) if args.backward else family(fname)
         timings_by_n, works = {}, {}
@@ -212,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             timings = {}
             for config in fam.configs(info, M, N):
                 try:
-                    launch = fam.prepare(work.problem, config, info, flags=work.flags)
+                    launch = fam.prepare(work.problem, fam.dispatched_form(work.problem, config, info), info,
+                                         flags=work.flags)
                     timings[config] = timer(lambda launch=launch, work=work: work.run(launch))
                 except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
                     print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
@@ -235,16 +256,19 @@ def main(argv: list[str] | None = None) -> int:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over {'/'.join(f'{m}x{n}' for n, m in timings_by_n)}", flush=True)
-        errors = {shape: w.error(fam.prepare(w.problem, chosen, info, flags=w.flags)) for shape, w in works.items()}
+        errors = {shape: w.error(fam.prepare(w.problem, fam.dispatched_form(w.problem, chosen, info), info,
+                                             flags=w.flags)) for shape, w in works.items()}
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue
         N, M = max(timings_by_n)  # the entry's time: its largest shape's (the longest N, then the most rows)
-        was = tuning.stored_config(root, info, fam.name, dtype, N, M, args.up_to)
+        how, was = served[group]
+        if was is None and hasattr(fam, "default_config"):  # coop, smem: with no entry they run the heuristic
+            how, was = "the heuristic's config ", fam.default_config(info, works[(N, M)].problem)
         if was is not None:
             shares = [t[was] / t[chosen] for t in timings_by_n.values() if was in t]
-            print(f"    replaces {was}: " + (f"{max(shares):.3f}x the new entry's time at worst" if shares
-                                            else "not in this run's search space"), flush=True)
+            print(f"    replaces {how}{was}: " + (f"{max(shares):.3f}x the new entry's time at worst" if shares
+                                                  else "not in this run's search space"), flush=True)
         # Written after every entry: a run cut short keeps all it measured (session 16's, written every
         # 8 shapes, lost two finished ones to its timeout). A write costs far less than an entry's tuning.
         # The covers line says how many entries are in, so a run cut short (or with an entry that found no

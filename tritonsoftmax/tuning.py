@@ -141,18 +141,18 @@ def n_keys(keys, N: int) -> list[int]:
 
 
 def lookup(device: DeviceInfo, family: str, dtype: torch.dtype, N: int, M: int,
-           fewer_rows_factor: int = NEAREST_M) -> Entry | None:
+           fewer_rows_factor: int = NEAREST_M, within: Path | None = None) -> Entry | None:
     """The stored config for this shape, or None. The N key must lie in N's bucket (n_keys gives
     the order when a bucket holds several); among its M buckets the exact one wins, else the
     nearest (in powers of 4) within a factor of NEAREST_M, and within ``fewer_rows_factor`` when M
     is below the entry's: a config tuned on thousands of rows (several rows a program, chunks sized
     to fill the GPU with many rows) is not used for a handful. The first root that has a usable
-    entry wins."""
+    entry wins. ``within``: search that root only (the tuner's table)."""
     if dtype not in DTYPE_NAMES:
         return None
     mb = m_bucket(M)
     up, down = NEAREST_M.bit_length() - 1, fewer_rows_factor.bit_length() - 1
-    for root in roots():
+    for root in [within] if within is not None else roots():
         path = table_path(root, device)
         by_n = _family_entries(path, family, dtype)
         if not isinstance(by_n, dict):

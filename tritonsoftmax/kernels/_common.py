@@ -440,6 +440,11 @@ class Family:
         """A :class:`PreparedLaunch` of this family for ``problem``."""
         return PreparedLaunch(self, problem, config, device, from_store, flags)
 
+    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
+        """The config a launch runs when the dispatcher hands it ``config`` (stored or the heuristic's): as it
+        is, unless the family reshapes configs to the row (smem); the tuner times this form."""
+        return config
+
     def autotuned(self, device: DeviceInfo):
         """The ``triton.autotune`` wrapper of the kernel for one device (built once per device)."""
         tuner = self._autotuned.get(device)

@@ -66,6 +66,8 @@ MAX_CHUNK_BYTES = 128 * 1024  # shared memory one program may take for its chunk
 ONE_CHUNK_MAX = 32768  # the forward heuristic makes rows of up to this bucket one chunk
 CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
 BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
+CLUSTER_CUT_MIN_CHUNK = 8192  # _even_cut: no G + 1 chunks of fewer elements for a cluster-mode config ...
+CLUSTER_CUT_MAX_G = 8  # ... of at most this many chunks a row (CUDA's portable cluster size)
 CAPPED_WARPS = 4  # configs of this many warps get REGISTER_CAP (register_capped)
 REGISTER_CAP = 64  # registers a thread: 8 four-warp programs an SM by registers (65536 / (128 x 64))
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
@@ -372,11 +374,26 @@ def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.fl
 def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -> tuple[int, int, dict]:
     """(elements allocated a row, chunks, meta to change) of the fewest-allocating of: ``config`` as it is
     over ``need`` elements, and ``need`` cut into G or G + 1 chunks (G: the config's count) of ``block``
-    copy groups. Ties keep the earlier."""
+    copy groups. Ties keep the earlier. A config in cluster mode with G of at most CLUSTER_CUT_MAX_G takes G + 1
+    only in chunks of at least CLUSTER_CUT_MIN_CHUNK elements.
+
+    H200, bf16 unless named, auto at 4096 rows, G + 1 skipped so (G) against taken (G + 1), one process, kernel
+    time, GB/s (bench/results/h200/session31-probes/probe157.log; probe156.log for 16384 rows): 4096x14400 G 2 in
+    8192 3839 against G 3 in 5120 3606, 4096x15000 3867 / 3523, fp16 4096x15000 3960 / 3679, 16384x14400 4063 /
+    3804 (probe156), 4096x36096 4015 / 3957, 256x36096 2830 / 2747, 4096x60000 4005 / 3781; G + 1 in chunks of at
+    least 11 x 1024 kept: 4096x66808 4143 against G 5 in 14 x 1024 3582, 4096x131400 4156 / 3294, 4096x128936
+    3657 / 3615, 256x200000 3801 / 3712. Out of sample (probe159-F.log): 4096x14600 3812 / 3465 (fp16 3917 / 3585),
+    4096x63000 4088 / 3856 (fp16 4191 / 3994), 1024x63000 3838 / 3683, 128x63000 2743 / 2658. Where G is past 8
+    (clusters of 9-16, of which fewer fit the GPU at once: probe 138) G + 1 led instead: 64x100000 G 14 in 7 x 1024
+    2606 against G 13 in 8192 2468, 64x85000 2423 / 2289, 64x99000 2587 / 2464. The same chunks in cluster mode
+    and ticketed (probe158.log): cluster ahead at every G of 2-16."""
     g0 = chunks(need, dict(config.meta))
     best = (g0 * config["TILES"] * config["BLOCK"], g0, {})
+    cluster = bool(dict(config.meta).get("CLUSTER"))
     for g in (g0, g0 + 1):
         cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(need, g), block)}
+        if g > g0 and cluster and g0 <= CLUSTER_CUT_MAX_G and cut["TILES"] * block < CLUSTER_CUT_MIN_CHUNK:
+            continue
         if g <= coop.max_chunks(device) and chunks(need, cut) == g and g * cut["TILES"] * block < best[0]:
             best = (g * cut["TILES"] * block, g, cut)
     return best
@@ -488,9 +505,8 @@ class SmemLaunch(CoopLaunch):
                                + (" or under the Triton interpreter" if device.backend != "cuda" else ""))
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
         heuristic = config is None
-        if chosen:  # sized on the N bucket: cut to this N, registers capped
-            config = register_capped(balanced_config(config or family.default_config(device, problem), problem.N,
-                                                     problem.dtype.itemsize, device, line_lead(problem)))
+        if chosen:
+            config = family.dispatched_form(problem, config or family.default_config(device, problem), device)
         if heuristic and family.held == 2 and backward_cluster(problem, config, device):
             config = config.with_meta(CLUSTER=1)
         super().__init__(family, problem, config, device, flags, two_phase)
@@ -550,6 +566,11 @@ class SmemFamily(CoopFamily):
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
         """The heuristic, told the input's dtype (the backward sizes its chunks in bytes)."""
         return self.heuristic(device, problem.M, problem.N, problem.dtype)
+
+    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
+        """A config sized on the N bucket (stored or the heuristic's) as a launch the dispatcher chose runs it:
+        cut to the row (balanced_config), registers capped (register_capped)."""
+        return register_capped(balanced_config(config, problem.N, problem.dtype.itemsize, device, line_lead(problem)))
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
