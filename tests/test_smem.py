@@ -314,6 +314,28 @@ def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elem
     assert chunks(N, dict(ticketed.meta)) == ticketed_g, ticketed
 
 
+@pytest.mark.parametrize("meta,N,takes_lead", [
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 126000, False),  # cut to 9 x 14 x 1024: 28 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8, "CLUSTER": 1}, 110000, False),   # 7 x 16384 as it is: 32 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 118000, True),   # 9 x 13 x 1024: 26 KB
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8, "CLUSTER": 1}, 63000, True),     # 8 x 8192: 16 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16}, 126000, True),                 # ticketed
+], ids=str)
+def test_a_forward_cluster_config_of_chunks_past_26_kb_takes_no_lead(meta, N, takes_lead):
+    """dispatched_form drops LEAD for a forward cluster-mode config whose chunks come to more than
+    CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES (probe161.log, probe162.log: +10-14 % at bf16 4096 rows of 100000-130000,
+    0-4 % lost with chunks of 8192); the backward keeps it."""
+    mod = smem()
+    x = torch.empty(4096, N, dtype=torch.bfloat16, device="meta")
+    problem = matrix_problem(x, x)
+    assert mod.line_lead(problem) == 56
+    config = LaunchConfig.make(4, **meta)
+    got = mod.FAMILY.dispatched_form(problem, config, SM90)
+    assert ("LEAD" in dict(got.meta)) == takes_lead, got
+    assert got == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56 if takes_lead else 0)), got
+    assert "LEAD" in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
+
+
 def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     """The heuristic's config and a stored one are cut to the row (dispatched_form); a config the caller names
     runs as given. The tuner names each config's dispatched_form, so it times what a stored entry will run."""

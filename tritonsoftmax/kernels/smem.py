@@ -68,6 +68,7 @@ CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
 BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
 CLUSTER_CUT_MIN_CHUNK = 8192  # _even_cut: no G + 1 chunks of fewer elements for a cluster-mode config ...
 CLUSTER_CUT_MAX_G = 8  # ... of at most this many chunks a row (CUDA's portable cluster size)
+CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES = 26 * 1024  # dispatched_form: larger forward chunks in cluster mode take no LEAD
 CAPPED_WARPS = 4  # configs of this many warps get REGISTER_CAP (register_capped)
 REGISTER_CAP = 64  # registers a thread: 8 four-warp programs an SM by registers (65536 / (128 x 64))
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
@@ -569,8 +570,23 @@ class SmemFamily(CoopFamily):
 
     def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
         """A config sized on the N bucket (stored or the heuristic's) as a launch the dispatcher chose runs it:
-        cut to the row (balanced_config), registers capped (register_capped)."""
-        return register_capped(balanced_config(config, problem.N, problem.dtype.itemsize, device, line_lead(problem)))
+        cut to the row (balanced_config), registers capped (register_capped). A forward config in cluster mode
+        whose chunks come to more than CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES takes no LEAD.
+
+        H200, kernel time, GB/s, one process each, the cluster entry as cut without LEAD against with it
+        (bench/results/h200/session31-probes/probe161.log, probe162.log): bf16 4096 rows of 100000 (chunks of 14 x
+        1024) 4135 / 3703, 110000 (16384) 4154 / 3629, 126000 4140 / 3628, 128936 4034 / 3657, 130000 4144 / 3619,
+        1024x125000 3881 / 3499; 118000 (13 x 1024) 4144 / 4157; chunks of 8192 lose 0-4 % without it (4096x14600
+        3757 / 3801, fp16 4096x15000 3863 / 3957, fp16 4096x63000 4078 / 4195, 128x63000 2673 / 2772; 4096x60000
+        4085 / 4028). Offline (offline-spills.log, triton 3.9) only cluster mode with LEAD spills under the
+        64-register cap, 40-64 bytes at chunks of 13-16K elements."""
+        itemsize = problem.dtype.itemsize
+        cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem))
+        meta = dict(cut.meta)
+        if (self.held == 1 and meta.get("LEAD") and meta.get("CLUSTER")
+                and cut["TILES"] * cut["BLOCK"] * itemsize > CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES):
+            cut = balanced_config(config, problem.N, itemsize, device, 0)
+        return register_capped(cut)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
