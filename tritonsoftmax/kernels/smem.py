@@ -576,10 +576,10 @@ class SmemFamily(CoopFamily):
         H200, kernel time, GB/s, one process each, the cluster entry as cut without LEAD against with it
         (bench/results/h200/session31-probes/probe161.log, probe162.log): bf16 4096 rows of 100000 (chunks of 14 x
         1024) 4135 / 3703, 110000 (16384) 4154 / 3629, 126000 4140 / 3628, 128936 4034 / 3657, 130000 4144 / 3619,
-        1024x125000 3881 / 3499; 118000 (13 x 1024) 4144 / 4157; chunks of 8192 lose 0-4 % without it (4096x14600
-        3757 / 3801, fp16 4096x15000 3863 / 3957, fp16 4096x63000 4078 / 4195, 128x63000 2673 / 2772; 4096x60000
-        4085 / 4028). Offline (offline-spills.log, triton 3.9) only cluster mode with LEAD spills under the
-        64-register cap, 40-64 bytes at chunks of 13-16K elements."""
+        1024x125000 3881 / 3499; 118000 (13 x 1024) 4144 / 4157; chunks of 8192 mostly lose 0-4 % without it
+        (4096x14600 3757 / 3801, fp16 4096x15000 3863 / 3957, fp16 4096x63000 4078 / 4195, 128x63000 2673 / 2772),
+        4096x60000 gains 1.4 % (4085 / 4028). Offline (offline-spills.log, triton 3.9) only cluster mode with LEAD
+        spills under the 64-register cap, 40-64 bytes at chunks of 13-16K elements."""
         itemsize = problem.dtype.itemsize
         cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem))
         meta = dict(cut.meta)
