@@ -141,18 +141,15 @@ def choose_across_lengths(timings_by_n: dict) -> tuple:
     return chosen, max(shares[chosen])
 
 
-def _served_before(root, info, fname: str, dname: str, shape: tuple[int, int], args) -> tuple[str, object]:
+def _served_before(root, info, fam, dtype: torch.dtype, shape: tuple[int, int], up_to: bool) -> tuple[str, object]:
     """What served a group's largest shape in ``root``'s table before the run: (how it was found, its config), from
     the slot the entry will take (how: "") or the nearest entry the lookup gave; ("", None) when none did."""
     from . import dispatch, tuning
-    from .kernels import backward_family, family
 
     N, M = shape
-    dtype = DTYPES[dname]
-    exact = tuning.stored_config(root, info, fname, dtype, N, M, args.up_to)
+    exact = tuning.stored_config(root, info, fam.name, dtype, N, M, up_to)
     if exact is not None:
         return "", exact
-    fam = backward_family(fname) if args.backward else family(fname)
     near = dispatch.stored(info, fam, dtype, N, M, within=root)
     return ("the nearest entry's config ", near.config) if near is not None else ("", None)
 
@@ -217,14 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
 
-    served = {g: _served_before(root, info, g[0], g[1], max(shapes), args) for g, shapes in groups.items()}
+    family_of = backward_family if args.backward else family
+    served = {g: _served_before(root, info, family_of(g[0]), DTYPES[g[1]], max(shapes), args.up_to)
+              for g, shapes in groups.items()}
     start = time.time()
     recorded, done, written_covers = 0, 0, ""
     gen = torch.Generator().manual_seed(0)
     for group, shapes in groups.items():
         fname, dname = group[:2]
         dtype = DTYPES[dname]
-        fam = backward_family(fname) if args.backward else family(fname)
+        fam = family_of(fname)
         timings_by_n, works = {}, {}
         for N, M in shapes:
             done += 1
