@@ -39,9 +39,9 @@ def smem():
 
 def smem_cluster_config(N: int, chunk: int, block: int = 2048, warps: int = 4, device=SM90) -> LaunchConfig:
     """A smem config of ``chunk``-element chunks in ``block`` copy groups, in cluster mode, as a stored entry
-    runs it (register_capped)."""
+    runs it for 16-bit rows (register_capped)."""
     config = coop.shape_config(device, N, block, warps, chunk // block).with_meta(CLUSTER=1)
-    return smem().register_capped(config)
+    return smem().register_capped(config, 2, 1, device)
 
 
 # ---------------------------------------------------------------- the choice (CPU)
@@ -374,6 +374,39 @@ def test_gpu_smem_cluster_forward(M, N, chunk, warps, dtype):
             y2 = poisoned_like(x)
             launch(x, y2, 1.0)  # the warm call
             assert torch.equal(y, y2)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (48, 131072), (150, 50000), (200, 262144)])
+def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
+    """Few fp32 rows past what coop holds at once (dispatch.smem_fp32_cluster_config): the plan's launch runs smem in
+    cluster mode, LEAD where rows start off 128-byte lines (50000); softmax and log_softmax of a row with a -inf
+    chunk and one with a huge value; the public call gives the same bits."""
+    import tritonsoftmax
+    from tritonsoftmax import dispatch
+
+    x = random_input((M, N), torch.float32, DEVICE, seed=M + N)
+    x[0, : N // 3] = float("-inf")
+    x[1, N - 1] = 3e4
+    info = device_info(x.device)
+    for log in (False, True):
+        y = poisoned_like(x)
+        p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, False, True, True)
+        launch = p.family.prepare(matrix_problem(x, y), p.config, p.device, p.from_store,
+                                  {"LOG": int(log), "ZERO_MASKED": 0})
+        launch(x, y, 1.0)
+        assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
+        assert ("LEAD" in dict(launch.config.meta)) == (N * 4 % 128 != 0) and info.sm_version >= 90
+        if log:
+            ref = torch.log_softmax(x.double(), -1)
+            finite = ref.isfinite()
+            assert torch.equal(y.isfinite(), finite)
+            assert ((y.double() - ref)[finite].abs() <= LOG_REL[torch.float32] * ref[finite].abs() + 1e-5).all()
+        else:
+            assert_softmax_close(y, x)
+        public = (tritonsoftmax.log_softmax if log else tritonsoftmax.softmax)(x)
+        assert torch.equal(public, y)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,9 @@ from synthetic_devices import GFX942, SM89, SM90
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
-from tritonsoftmax.kernels import FAMILY_NAMES, family, fused
+from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, gluon_available
+from tritonsoftmax.kernels._common import chunks
+from tritonsoftmax.layout import matrix_problem
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
@@ -201,8 +203,8 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     (32, 152064, "coop", "coop", "coop", "smem"), (1, 131072, "coop", "coop", "coop", "coop"),
     (8, 131072, "coop", "coop", "coop", "coop"), (4, 1048576, "coop", "coop", "coop", "smem"),
     (8, 1048576, "coop", "smem", "smem", "smem"), (40, 131072, "coop", "coop", "coop", "smem"),
-    (48, 131072, "coop", "coop", "smem", "smem"), (128, 131072, "coop", "coop", "smem", "smem"),
-    (263, 65536, "coop", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
+    (48, 131072, "smem", "coop", "smem", "smem"), (128, 131072, "smem", "coop", "smem", "smem"),
+    (263, 65536, "smem", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
     (2, 4194312, "split", "split", "split", "split"), (8, 1048572, "coop", "smem", "split", "coop"),
     (24, 1048576, "smem", "smem", "smem", "smem"),
     (8, 32768, "coop", "coop", "coop", "coop"), (8, 16384, "fused", "fused", "fused", "fused")])
@@ -261,14 +263,59 @@ def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_
 
 @pytest.mark.parametrize("M,N,impl", [
     (32, 524288, "smem"), (16, 524288, "coop"), (16, 1048576, "smem"), (8, 1048576, "coop"), (200, 1048576, "smem"),
-    (8, 2097152, "smem"), (4, 2097152, "split"), (1, 1048576, "coop"), (200, 262144, "coop"),
+    (8, 2097152, "smem"), (4, 2097152, "split"), (1, 1048576, "coop"), (200, 262144, "smem"),
     (8, 4194304, "split"), (32, 524289, "coop"), (264, 1048576, "smem")])
 def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, impl):
     """The forward: 16M elements and up (more than 2 x 5.4M), rows of the 512K-2M buckets; 8M stays on
     coop or split, the 4M bucket (unmeasured) on split; 524289 fp32 elements are not whole 16-byte
-    vectors; 264 rows are many rows (smem's many-row rule)."""
+    vectors; 264 rows are many rows (smem's many-row rule); 200 rows of 262144 take the cluster rule
+    (test_few_fp32_rows_of_64k_to_256k_beyond_what_coop_holds_go_to_smem_clusters)."""
     assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
     assert dispatch.choose(M, N, torch.float32, GFX942).impl not in ("smem", "coop")
+
+
+@pytest.mark.skipif(not gluon_available(), reason="smem needs triton's Gluon")
+@pytest.mark.parametrize("M,N,want", [
+    (40, 152064, (15, 10)), (64, 152064, (15, 10)), (256, 152064, (15, 10)), (48, 131072, (16, 8)),
+    (100, 65536, (16, 4)), (200, 262144, (16, 16)), (160, 100000, (14, 7)), (200, 40000, (14, 3)),
+    (32, 152064, None), (16, 262144, None), (64, 65536, None), (264, 152064, None), (64, 524288, None),
+    (64, 152065, None)])
+def test_few_fp32_rows_of_64k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want):
+    """Few fp32 rows (forward) past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer
+    whole 1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log). Not where coop
+    holds the rows (32x152064, 16x262144, 64x65536), not for many rows, the 512K bucket, rows that are no whole
+    16-byte vectors, the backward, 16-bit rows, or GPUs without clusters."""
+    shape = dispatch.Shape(M, N, torch.float32, SM90)
+    config = dispatch.smem_fp32_cluster_config(shape)
+    if want is None:
+        assert config is None
+        return
+    assert dispatch.choose(M, N, torch.float32, SM90).impl == "smem"
+    assert (chunks(N, dict(config.meta)), config["TILES"]) == want and config["BLOCK"] == 1024
+    assert config["CLUSTER"] == 1 and config["BLOCK_G"] == 16 and config.num_warps == 4
+    x = torch.empty(M, N, device="meta")
+    run = family("smem").dispatched_form(matrix_problem(x, x), config, SM90)
+    assert chunks(N, dict(run.meta)) == want[0] and run["TILES"] == want[1], "the cut keeps the ruled chunks"
+    for other in (dispatch.Shape(M, N, torch.float32, SM90, backward=True), dispatch.Shape(M, N, torch.bfloat16, SM90),
+                  dispatch.Shape(M, N, torch.float32, SM89), dispatch.Shape(M, N, torch.float32, GFX942)):
+        assert dispatch.smem_fp32_cluster_config(other) is None, other
+
+
+@pytest.mark.skipif(not gluon_available(), reason="smem needs triton's Gluon")
+def test_plan_gives_few_fp32_rows_the_cluster_config(monkeypatch):
+    """The ruled config reaches the launch as the dispatcher's own (from_store: cut and capped), for auto and for
+    impl="smem"; other shapes keep the table or the heuristic."""
+    monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
+    dispatch.clear_cache()
+    try:
+        dev = torch.device("cpu")
+        for impl in ("auto", "smem"):
+            p = dispatch.plan(impl, 64, 152064, torch.float32, torch.float32, dev)
+            assert (p.impl, p.from_store, p.config["TILES"], p.config["CLUSTER"]) == ("smem", True, 10, 1)
+        assert dispatch.plan("smem", 16, 152064, torch.float32, torch.float32, dev).config != p.config
+        assert dispatch.plan("auto", 32, 152064, torch.float32, torch.float32, dev).impl == "coop"
+    finally:
+        dispatch.clear_cache()
 
 
 @pytest.mark.parametrize("M,N,forward16,backward16", [

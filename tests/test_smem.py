@@ -26,7 +26,7 @@ import tritonsoftmax
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import coop, gluon_available
+from tritonsoftmax.kernels import _common, coop, gluon_available
 from tritonsoftmax.kernels._common import chunks
 from tritonsoftmax.layout import matrix_problem
 
@@ -267,31 +267,49 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
              ("fwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4),
              ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 4, "LEAD": 28}, 4),
              ("bwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4)]
-    capped = smem().register_capped(LaunchConfig.make(4, **cases[0][3]))
-    compile_cases = [[which, dt, dt, meta, nw, {}, dict(capped.options) if nw == 4 else {}]
-                     for which, dt, _, meta, nw in cases]
+    caps = [smem().register_cap(LaunchConfig.make(nw, **meta), bits // 8, 2 if which == "bwd" else 1, SM90)
+            for which, _, bits, meta, nw in cases]
+    compile_cases = [[which, dt, dt, meta, nw, {}, {"maxnreg": cap} if nw == 4 else {}]
+                     for (which, dt, _, meta, nw), cap in zip(cases, caps, strict=True)]
     results = run_compile_script("smem_compile.py", json.dumps(compile_cases))
-    for (which, _, bits, meta, nw), got in zip(cases, results, strict=True):
+    for (which, _, bits, meta, nw), got, cap in zip(cases, results, caps, strict=True):
         vectors = meta["TILES"] * meta["BLOCK"] * bits // 128 // (nw * 32)
         held = 2 if which == "bwd" else 1
         copies = re.findall(COPY, got["ptx"])
         assert len(copies) == held * vectors and not re.search(r"cp\.async\.ca", got["ptx"]), (which, meta)
         assert len(re.findall(r"st\.global[^\n]*\.v4", got["ptx"])) == vectors, (which, meta)
         assert got["shared"] >= held * meta["TILES"] * meta["BLOCK"] * bits // 8
-        assert re.findall(r"\.maxnreg (\d+)", got["ptx"]) == (["64"] if nw == 4 else []), "4 warps: the register cap"
+        assert re.findall(r"\.maxnreg (\d+)", got["ptx"]) == ([str(cap)] if nw == 4 else []), "4 warps: the cap"
 
 
-def test_register_cap_holds_four_warp_configs_to_64_registers():
-    """maxnreg 64 for 4-warp configs (8 programs an SM by registers; probe90.log: bf16 4096x131080 forward
-    3932 GB/s against 3528); other warp counts and a config that names its own cap are left alone."""
+@pytest.mark.parametrize("tiles,block,itemsize,held,cap", [
+    (13, 1024, 2, 1, 64),   # 26 KB: 8 programs an SM by shared memory, 8 by 64 registers
+    (4, 2048, 2, 1, 64),    # 16 KB: 13 by shared memory; the cap never goes under 64
+    (14, 1024, 2, 1, 72),   # 28 KB: 7 programs, 65536 / (7 x 128) = 73
+    (8, 2048, 2, 1, 80),    # 32 KB: 6
+    (16, 1024, 4, 1, 168),  # fp32 64 KB: 3
+    (7, 1024, 2, 2, 72),    # the backward's two 14 KB chunks: 7
+    (8, 2048, 2, 2, 168),   # two 32 KB chunks: 3
+    (32, 1024, 4, 1, 255),  # 128 KB: one program, 512 registers a thread would fit; ptxas gives at most 255
+])
+def test_register_cap_leaves_the_programs_that_shared_memory_allows(tiles, block, itemsize, held, cap):
+    """A 4-warp config's maxnreg: the register file over the programs its chunks' shared memory lets onto an SM,
+    at least 64 (probe90.log: bf16 4096x131080 forward 3932 GB/s against 3528 uncapped) and more for larger
+    chunks, which spilled under 64 in cluster mode with LEAD (session32-probes/probe163.log, probe166.log)."""
+    four = LaunchConfig.make(4, BLOCK=block, TILES=tiles, BLOCK_G=16)
+    capped = smem().register_capped(four, itemsize, held, SM90)
+    assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": cap}
+    assert capped.launch_kwargs()["maxnreg"] == cap
+    programs = _common.resident_programs(SM90, cap, 4, tiles * block * itemsize * held)
+    assert programs == _common.resident_programs(SM90, 1, 4, tiles * block * itemsize * held) or cap == 64
+    assert smem().register_capped(capped, itemsize, held, SM90) == capped
+
+
+def test_register_cap_leaves_other_warp_counts_and_named_caps_alone():
     four = LaunchConfig.make(4, BLOCK=1024, TILES=13, BLOCK_G=16)
-    capped = smem().register_capped(four)
-    assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": 64}
-    assert capped.launch_kwargs()["maxnreg"] == 64
-    assert smem().register_capped(capped) == capped
     for other in (LaunchConfig.make(8, BLOCK=2048, TILES=10, BLOCK_G=1), LaunchConfig.make(2, BLOCK=2048, TILES=4),
                   four.with_options(maxnreg=96)):
-        assert smem().register_capped(other) == other
+        assert smem().register_capped(other, 2, 1, SM90) == other
 
 
 @pytest.mark.parametrize("meta,N,lead,want,ticketed_g", [
@@ -314,26 +332,27 @@ def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elem
     assert chunks(N, dict(ticketed.meta)) == ticketed_g, ticketed
 
 
-@pytest.mark.parametrize("meta,N,takes_lead", [
-    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 126000, False),  # cut to 9 x 14 x 1024: 28 KB
-    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8, "CLUSTER": 1}, 110000, False),   # 7 x 16384 as it is: 32 KB
-    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 118000, True),   # 9 x 13 x 1024: 26 KB
-    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8, "CLUSTER": 1}, 63000, True),     # 8 x 8192: 16 KB
-    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16}, 126000, True),                 # ticketed
+@pytest.mark.parametrize("meta,N,cap", [
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 126000, 72),  # cut to 9 x 14 x 1024: 28 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8, "CLUSTER": 1}, 110000, 80),   # 7 x 16384 as it is: 32 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 118000, 64),  # 9 x 13 x 1024: 26 KB
+    ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8, "CLUSTER": 1}, 63000, 64),    # 8 x 8192: 16 KB
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16}, 126000, 72),                # ticketed
 ], ids=str)
-def test_a_forward_cluster_config_of_chunks_past_26_kb_takes_no_lead(meta, N, takes_lead):
-    """dispatched_form drops LEAD for a forward cluster-mode config whose chunks come to more than
-    CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES (probe161.log, probe162.log: +10-14 % at bf16 4096 rows of 100000-130000,
-    0-4 % lost with chunks of 8192); the backward keeps it."""
+def test_a_cluster_config_keeps_lead_under_the_cap_its_chunks_allow(meta, N, cap):
+    """dispatched_form keeps LEAD for rows off 128-byte lines in every mode and caps registers by the chunks'
+    shared memory (session32-probes/probe166.log: under that cap the cluster forms with LEAD spill nothing and
+    lead or tie the forms without it; session 31 dropped LEAD for forward chunks over 26 KB instead)."""
     mod = smem()
     x = torch.empty(4096, N, dtype=torch.bfloat16, device="meta")
     problem = matrix_problem(x, x)
     assert mod.line_lead(problem) == 56
     config = LaunchConfig.make(4, **meta)
     got = mod.FAMILY.dispatched_form(problem, config, SM90)
-    assert ("LEAD" in dict(got.meta)) == takes_lead, got
-    assert got == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56 if takes_lead else 0)), got
-    assert "LEAD" in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
+    assert got["LEAD"] == 56 and got.launch_kwargs()["maxnreg"] == cap, got
+    assert got == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56), 2, 1, SM90), got
+    back = mod.BWD_FAMILY.dispatched_form(problem, config, SM90)
+    assert back["LEAD"] == 56 and back == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56), 2, 2, SM90)
 
 
 def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
@@ -344,7 +363,7 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
     stored = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store=True, flags=FLAGS, two_phase=False)
     explicit = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, flags=FLAGS, two_phase=False)
-    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90, lead=56))
+    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90, lead=56), 2, 1, SM90)
     assert heuristic.config == stored.config == want and want.meta != base.meta and want["LEAD"] == 56
     assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base

@@ -114,6 +114,21 @@ SMEM_MIN_SM = 80
 SMEM_FP32_MIN_N = 524288
 SMEM_FP32_FEW_ROWS_BEYOND = 2
 SMEM_FP32_FEW_ROWS_MAX_N = 2097152
+# Few fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to SMEM_FP32_CLUSTER_MAX_N buckets that hold more than coop does at once
+# (coop then runs ticketed, in waves) go to smem in the forward, each row SMEM_FP32_CLUSTER_CHUNKS chunks (fewer where
+# 1024-element copy groups cover it in fewer) in one CTA cluster, 4 warps (smem_fp32_cluster_config). H200, session 32
+# (session32-probes/probe165.log, probe164.log; one process a shape, kernel time, GB/s, against auto before, coop):
+# 40x152064 3159 / 2419, 64x152064 3609 / 2614, 128x152064 3880 / 2978, 256x152064 4035 / 3297, 100x65536 3461 /
+# 2727, 256x65536 3892 / 3424, 64x262144 3315 / 3107, 200x262144 3838 / 3639, 160x100000 (14 chunks) 3844 / 3656,
+# and level where coop already ran clusters (64x131072 3576 / 3455, 128x128256 3879 / 3818, 256x131072 4053 / 4032).
+# Other G and 8 warps: within 3 % of it or behind, save the 262144 bucket's 8 warps (+1-4 %) and 256x65536's 8
+# chunks of 8192 (+1.7 %). Where coop holds the rows at once it stays: 32x152064 smem 0.97-1.04 x coop (probe164),
+# 16x152064 0.87-0.95.
+SMEM_FP32_CLUSTER_MIN_N = 65536
+SMEM_FP32_CLUSTER_MAX_N = 262144
+SMEM_FP32_CLUSTER_CHUNKS = 16
+SMEM_FP32_CLUSTER_BLOCK = 1024
+SMEM_FP32_CLUSTER_WARPS = 4
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
 # whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
 # with nothing to exchange, skips the workspace and the exchange (whose wait probe57/58 put at
@@ -395,6 +410,23 @@ def smem_few_fp32_rows(s: Shape) -> bool:
             and not coop_holds_all(s, SMEM_FP32_FEW_ROWS_BEYOND) and smem_takes(s))
 
 
+def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
+    """For few fp32 rows (forward, NVIDIA sm_90+: CTA clusters) of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that
+    smem takes, holding more than coop does at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or
+    fewer, in whole SMEM_FP32_CLUSTER_BLOCK copy groups) in cluster mode, cut for this N. Else None."""
+    from .kernels import coop
+
+    if not (not s.backward and s.dtype.itemsize >= 4 and few_rows(s) and s.device.backend == "cuda"
+            and s.device.sm_version >= coop.CLUSTER_MIN_SM
+            and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
+            and not coop_holds_all(s) and smem_takes(s)):
+        return None
+    per_chunk = -(-s.N // SMEM_FP32_CLUSTER_CHUNKS)
+    tiles = -(-per_chunk // SMEM_FP32_CLUSTER_BLOCK)
+    return LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
+                             BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
+
+
 def coop_tuned_16bit_backward(s: Shape) -> bool:
     """Few 16-bit rows (backward) that smem takes, of at most COOP_BWD_16BIT_CHUNKS_PER_SM chunks of
     COOP_CHUNK an SM, read once, for which the tuning table holds a coop-bwd config."""
@@ -454,6 +486,8 @@ RULES: tuple[Rule, ...] = (
          "chunks held in shared memory in their dtype, each element read once", smem_backward),
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
+    Rule("smem", "few fp32 rows of 64K-256K, more than coop holds at once (forward, CTA clusters): 16 chunks a row "
+         "in shared memory, one cluster a row", lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
@@ -525,7 +559,8 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
         shape = Shape(M, N, dtype, info, backward, aligned, dense)
-        ruled = (held_row_config(shape) or reload_row_config(shape)) if name == "fused" else None
+        ruled = ((held_row_config(shape) or reload_row_config(shape)) if name == "fused"
+                 else smem_fp32_cluster_config(shape) if name == "smem" else None)
         entry = None if ruled else stored(info, fam, dtype, N, M)
         config = ruled or (entry.config if entry else None)
         p = Plan(name, fam, config, info, config is not None)

@@ -68,9 +68,9 @@ CHUNK = 16384  # the forward heuristic's chunk (elements) for longer rows
 BALANCE_BLOCK = 1024  # the narrowest copy group (elements) of balanced chunks (balanced_config)
 CLUSTER_CUT_MIN_CHUNK = 8192  # _even_cut: no G + 1 chunks of fewer elements for a cluster-mode config ...
 CLUSTER_CUT_MAX_G = 8  # ... of at most this many chunks a row (CUDA's portable cluster size)
-CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES = 26 * 1024  # dispatched_form: larger forward chunks in cluster mode take no LEAD
-CAPPED_WARPS = 4  # configs of this many warps get REGISTER_CAP (register_capped)
-REGISTER_CAP = 64  # registers a thread: 8 four-warp programs an SM by registers (65536 / (128 x 64))
+CAPPED_WARPS = 4  # configs of this many warps get a register cap (register_capped)
+REGISTER_CAP = 64  # the least cap: 8 four-warp programs an SM by registers (65536 / (128 x 64))
+MAX_REGISTERS = 255  # the most registers ptxas gives a thread
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
@@ -440,18 +440,37 @@ def line_lead(problem: RowProblem) -> int:
     return (LINE_BYTES - ALIGN_BYTES) // itemsize
 
 
-def register_capped(config: LaunchConfig) -> LaunchConfig:
-    """``config`` with ptxas held to REGISTER_CAP registers a thread (the ``maxnreg`` launch option) when it
-    has CAPPED_WARPS warps, so registers never hold fewer programs an SM than a chunk's shared memory allows.
+def register_cap(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> int:
+    """The registers a thread of ``config`` may take without holding fewer programs an SM than its chunks' shared
+    memory allows (``held`` chunks of TILES x BLOCK elements of ``itemsize`` bytes, counted as
+    _common.resident_programs counts them): the register file over those programs' threads, to a multiple of 8,
+    at least REGISTER_CAP and at most MAX_REGISTERS."""
+    chunk_bytes = config["TILES"] * config["BLOCK"] * itemsize * held
+    programs = max(1, _common.resident_programs(device, 1, config.num_warps, chunk_bytes))
+    fit = device.regs_per_sm // (programs * config.num_warps * device.warp_size) // 8 * 8
+    return max(REGISTER_CAP, min(MAX_REGISTERS, fit))
 
-    H200 (bench/results/h200/session21-probes/probe90.log, kernel time, GB/s, 4096 rows, through the
-    launch): bf16 4096x131080 forward, G 10 of 13 x 1024, 3932 with the cap against 3528 without (compiled
-    without it: 64 registers and 8 bytes of spills; the fp16 kernel of the same config, 56 registers,
-    runs 3926); every other forward and backward of the probe (bf16/fp16 36864-131080 and 65536) moved
-    within 0.4 %, with no spills."""
+
+def register_capped(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> LaunchConfig:
+    """``config`` with ptxas held to register_cap registers a thread (the ``maxnreg`` launch option) when it has
+    CAPPED_WARPS warps, so registers never hold fewer programs an SM than the chunks' shared memory allows: 64
+    (8 programs) for chunks of up to ~26 KB (forward 16-bit 13 x 1024), more for larger ones (14 x 1024: 72,
+    16384: 80; the backward's two 16K chunks: 168). Configs of other warp counts, or that name their own cap, are
+    left alone.
+
+    H200, kernel time, GB/s. The cap of 64 (bench/results/h200/session21-probes/probe90.log, 4096 rows, through the
+    launch): bf16 4096x131080 forward, G 10 of 13 x 1024, 3932 with it against 3528 without (64 registers and 8
+    bytes of spills uncapped); every other forward and backward of that probe moved within 0.4 %. Larger chunks
+    under 64 spill 2-20 bytes a thread on triton 3.6 in cluster mode with LEAD (session32-probes/probe163.log), and
+    ran 4-14 % behind the same config without LEAD (session31-probes/probe161.log, probe162.log; probe163.log), so
+    session 31 dropped LEAD for forward cluster chunks over 26 KB. Under this cap nothing spills and LEAD leads or
+    ties (session32-probes/probe166.log). Forward, against no LEAD under 64 (session 31's rule): bf16 1024x125000
+    (14 x 1024) 4036 against 3877, 4096x100000-126000 +0.2-0.4 %. Backward, against LEAD under 64: bf16
+    4096x110000 (8 x 2048) 4363 against 4154, 64x60000 (7 x 1024) 2627 / 2404, fp16 4096x110000 4363 / 4201,
+    fp16 512x60000 3839 / 3802, bf16 4096x100000 and 1024x125000 level (-0.2 / 0.0 %)."""
     if config.num_warps != CAPPED_WARPS or "maxnreg" in dict(config.options):
         return config
-    return config.with_options(maxnreg=REGISTER_CAP)
+    return config.with_options(maxnreg=register_cap(config, itemsize, held, device))
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
@@ -569,24 +588,12 @@ class SmemFamily(CoopFamily):
         return self.heuristic(device, problem.M, problem.N, problem.dtype)
 
     def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
-        """A config sized on the N bucket (stored or the heuristic's) as a launch the dispatcher chose runs it:
-        cut to the row (balanced_config), registers capped (register_capped). A forward config in cluster mode
-        whose chunks come to more than CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES takes no LEAD.
-
-        H200, kernel time, GB/s, one process each, the cluster entry as cut without LEAD against with it
-        (bench/results/h200/session31-probes/probe161.log, probe162.log): bf16 4096 rows of 100000 (chunks of 14 x
-        1024) 4135 / 3703, 110000 (16384) 4154 / 3629, 126000 4140 / 3628, 128936 4034 / 3657, 130000 4144 / 3619,
-        1024x125000 3881 / 3499; 118000 (13 x 1024) 4144 / 4157; chunks of 8192 mostly lose 0-4 % without it
-        (4096x14600 3757 / 3801, fp16 4096x15000 3863 / 3957, fp16 4096x63000 4078 / 4195, 128x63000 2673 / 2772),
-        4096x60000 gains 1.4 % (4085 / 4028). Offline (offline-spills.log, triton 3.9) only cluster mode with LEAD
-        spills under the 64-register cap, 40-64 bytes at chunks of 13-16K elements."""
+        """A config sized on the N bucket (stored, ruled or the heuristic's) as a launch the dispatcher chose runs
+        it: cut to the row (balanced_config, with LEAD for rows off 128-byte lines), registers capped by what the
+        chunks' shared memory leaves (register_capped)."""
         itemsize = problem.dtype.itemsize
         cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem))
-        meta = dict(cut.meta)
-        if (self.held == 1 and meta.get("LEAD") and meta.get("CLUSTER")
-                and cut["TILES"] * cut["BLOCK"] * itemsize > CLUSTER_FWD_LEAD_MAX_CHUNK_BYTES):
-            cut = balanced_config(config, problem.N, itemsize, device, 0)
-        return register_capped(cut)
+        return register_capped(cut, itemsize, self.held, device)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
