@@ -454,9 +454,9 @@ def register_cap(config: LaunchConfig, itemsize: int, held: int, device: DeviceI
 def register_capped(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> LaunchConfig:
     """``config`` with ptxas held to register_cap registers a thread (the ``maxnreg`` launch option) when it has
     CAPPED_WARPS warps, so registers never hold fewer programs an SM than the chunks' shared memory allows: 64
-    (8 programs) for chunks of up to ~26 KB (forward 16-bit 13 x 1024), more for larger ones (14 x 1024: 72,
-    16384: 80; the backward's two 16K chunks: 168). Configs of other warp counts, or that name their own cap, are
-    left alone.
+    (8 programs) for chunks of up to ~26 KB (forward 16-bit 13 x 1024), more for larger ones (16-bit 14 x 1024:
+    72, 16384: 80; fp32 16384: 168; the backward's two 16-bit 16K chunks: 168). Configs of other warp counts, or
+    that name their own cap, are left alone.
 
     H200, kernel time, GB/s. The cap of 64 (bench/results/h200/session21-probes/probe90.log, 4096 rows, through the
     launch): bf16 4096x131080 forward, G 10 of 13 x 1024, 3932 with it against 3528 without (64 registers and 8
