@@ -411,6 +411,27 @@ def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
 
 @pytest.mark.gpu
 @needs_gluon
+@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (150, 50000)])
+@pytest.mark.parametrize("log", [False, True])
+def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
+    """The backward of few fp32 rows past what coop-bwd holds at once, chunks of at most 10240 elements
+    (dispatch.smem_fp32_cluster_config): smem-bwd in cluster mode through the plan, LEAD off 128-byte lines."""
+    from tritonsoftmax import dispatch
+
+    x = random_input((M, N), torch.float32, DEVICE, seed=M * N)
+    y = (torch.log_softmax if log else torch.softmax)(x, -1)
+    dy = random_input((M, N), torch.float32, DEVICE, seed=M + 1)
+    dx = poisoned_like(x)
+    p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, True, True)
+    launch = p.family.prepare(matrix_problem(dy, dx), p.config, p.device, p.from_store, {"LOG": int(log)})
+    launch(dy, dx, y, 1.0)
+    assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
+    assert ("LEAD" in dict(launch.config.meta)) == (N * 4 % 128 != 0)
+    assert_grad_close(dx, dy, y, 1.0, log)
+
+
+@pytest.mark.gpu
+@needs_gluon
 @pytest.mark.parametrize("scale", [1.0, -0.5])
 def test_gpu_smem_cluster_rows_off_lines(scale):
     """Rows off 128-byte lines: the stored-entry path cuts the config to the row with LEAD (balanced_config)

@@ -203,8 +203,8 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
     (32, 152064, "coop", "coop", "coop", "smem"), (1, 131072, "coop", "coop", "coop", "coop"),
     (8, 131072, "coop", "coop", "coop", "coop"), (4, 1048576, "coop", "coop", "coop", "smem"),
     (8, 1048576, "coop", "smem", "smem", "smem"), (40, 131072, "coop", "coop", "coop", "smem"),
-    (48, 131072, "smem", "coop", "smem", "smem"), (128, 131072, "smem", "coop", "smem", "smem"),
-    (263, 65536, "smem", "coop", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
+    (48, 131072, "smem", "smem", "smem", "smem"), (128, 131072, "smem", "smem", "smem", "smem"),
+    (263, 65536, "smem", "smem", "smem", "smem"), (2, 4194304, "split", "split", "smem", "split"),
     (2, 4194312, "split", "split", "split", "split"), (8, 1048572, "coop", "smem", "split", "coop"),
     (24, 1048576, "smem", "smem", "smem", "smem"),
     (8, 32768, "coop", "coop", "coop", "coop"), (8, 16384, "fused", "fused", "fused", "fused")])
@@ -269,34 +269,39 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
     """The forward: 16M elements and up (more than 2 x 5.4M), rows of the 512K-2M buckets; 8M stays on
     coop or split, the 4M bucket (unmeasured) on split; 524289 fp32 elements are not whole 16-byte
     vectors; 264 rows are many rows (smem's many-row rule); 200 rows of 262144 take the cluster rule
-    (test_few_fp32_rows_of_64k_to_256k_beyond_what_coop_holds_go_to_smem_clusters)."""
+    (test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters)."""
     assert dispatch.choose(M, N, torch.float32, SM90).impl == impl
     assert dispatch.choose(M, N, torch.float32, GFX942).impl not in ("smem", "coop")
 
 
 @pytest.mark.skipif(not gluon_available(), reason="smem needs triton's Gluon")
-@pytest.mark.parametrize("M,N,want", [
-    (40, 152064, (15, 10)), (64, 152064, (15, 10)), (256, 152064, (15, 10)), (48, 131072, (16, 8)),
-    (100, 65536, (16, 4)), (200, 262144, (16, 16)), (160, 100000, (14, 7)), (200, 40000, (14, 3)),
-    (32, 152064, None), (16, 262144, None), (64, 65536, None), (264, 152064, None), (64, 524288, None),
-    (64, 152065, None)])
-def test_few_fp32_rows_of_64k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want):
-    """Few fp32 rows (forward) past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer
-    whole 1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log). Not where coop
-    holds the rows (32x152064, 16x262144, 64x65536), not for many rows, the 512K bucket, rows that are no whole
-    16-byte vectors, the backward, 16-bit rows, or GPUs without clusters."""
+@pytest.mark.parametrize("M,N,want,backward", [
+    (40, 152064, (15, 10), True), (64, 152064, (15, 10), True), (256, 152064, (15, 10), True),
+    (48, 131072, (16, 8), True), (100, 65536, (16, 4), True), (200, 262144, (16, 16), False),
+    (160, 100000, (14, 7), True), (200, 40000, (14, 3), True), (64, 163840, (16, 10), True),
+    (64, 163844, (15, 11), False), (32, 152064, None, False), (16, 262144, None, False), (64, 65536, None, False),
+    (264, 152064, None, False), (64, 524288, None, False), (64, 152065, None, False)])
+def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want, backward):
+    """Few fp32 rows past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer whole
+    1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log); the backward too where
+    the chunks hold at most 10240 elements (probe169.log). Not where coop holds the rows (32x152064, 16x262144,
+    64x65536), not for many rows, the 512K bucket, rows that are no whole 16-byte vectors, 16-bit rows, or GPUs
+    without clusters."""
     shape = dispatch.Shape(M, N, torch.float32, SM90)
     config = dispatch.smem_fp32_cluster_config(shape)
     if want is None:
         assert config is None
         return
     assert dispatch.choose(M, N, torch.float32, SM90).impl == "smem"
+    back = dispatch.smem_fp32_cluster_config(dispatch.Shape(M, N, torch.float32, SM90, backward=True))
+    assert (back == config) if backward else back is None
+    assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == ("smem" if backward else "coop")
     assert (chunks(N, dict(config.meta)), config["TILES"]) == want and config["BLOCK"] == 1024
     assert config["CLUSTER"] == 1 and config["BLOCK_G"] == 16 and config.num_warps == 4
     x = torch.empty(M, N, device="meta")
     run = family("smem").dispatched_form(matrix_problem(x, x), config, SM90)
     assert chunks(N, dict(run.meta)) == want[0] and run["TILES"] == want[1], "the cut keeps the ruled chunks"
-    for other in (dispatch.Shape(M, N, torch.float32, SM90, backward=True), dispatch.Shape(M, N, torch.bfloat16, SM90),
+    for other in (dispatch.Shape(M, N, torch.bfloat16, SM90), dispatch.Shape(M, N, torch.bfloat16, SM90, backward=True),
                   dispatch.Shape(M, N, torch.float32, SM89), dispatch.Shape(M, N, torch.float32, GFX942)):
         assert dispatch.smem_fp32_cluster_config(other) is None, other
 

@@ -124,11 +124,16 @@ SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 # Other G and 8 warps: within 3 % of it or behind, save the 262144 bucket's 8 warps (+1-4 %) and 256x65536's 8
 # chunks of 8192 (+1.7 %). Where coop holds the rows at once it stays: 32x152064 smem 0.97-1.04 x coop (probe164),
 # 16x152064 0.87-0.95.
+# The backward takes the same chunks for dy and y where they come to at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements
+# (two 40 KB chunks a program; session32-probes/probe169.log, against coop-bwd: 100x65536 3640 / 2925, 256x65536 4018
+# / 3588, 64x131072 3656 / 3522, 40/64/128x152064 (10240) 1.02/1.06/1.05x; 64 and 200 rows of 262144 (16384, one
+# program an SM) 0.93/0.95x).
 SMEM_FP32_CLUSTER_MIN_N = 65536
 SMEM_FP32_CLUSTER_MAX_N = 262144
 SMEM_FP32_CLUSTER_CHUNKS = 16
 SMEM_FP32_CLUSTER_BLOCK = 1024
 SMEM_FP32_CLUSTER_WARPS = 4
+SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
 # whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
 # with nothing to exchange, skips the workspace and the exchange (whose wait probe57/58 put at
@@ -411,18 +416,21 @@ def smem_few_fp32_rows(s: Shape) -> bool:
 
 
 def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
-    """For few fp32 rows (forward, NVIDIA sm_90+: CTA clusters) of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that
-    smem takes, holding more than coop does at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or
-    fewer, in whole SMEM_FP32_CLUSTER_BLOCK copy groups) in cluster mode, cut for this N. Else None."""
+    """For few fp32 rows (NVIDIA sm_90+: CTA clusters) of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes,
+    holding more than coop does at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or fewer, in whole
+    SMEM_FP32_CLUSTER_BLOCK copy groups) in cluster mode, for this N; the backward only with chunks of at most
+    SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements. Else None."""
     from .kernels import coop
 
-    if not (not s.backward and s.dtype.itemsize >= 4 and few_rows(s) and s.device.backend == "cuda"
+    if not (s.dtype.itemsize >= 4 and few_rows(s) and s.device.backend == "cuda"
             and s.device.sm_version >= coop.CLUSTER_MIN_SM
             and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
             and not coop_holds_all(s) and smem_takes(s)):
         return None
     per_chunk = -(-s.N // SMEM_FP32_CLUSTER_CHUNKS)
     tiles = -(-per_chunk // SMEM_FP32_CLUSTER_BLOCK)
+    if s.backward and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK:
+        return None
     return LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
                              BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
 
@@ -486,8 +494,8 @@ RULES: tuple[Rule, ...] = (
          "chunks held in shared memory in their dtype, each element read once", smem_backward),
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
-    Rule("smem", "few fp32 rows of 64K-256K, more than coop holds at once (forward, CTA clusters): 16 chunks a row "
-         "in shared memory, one cluster a row", lambda s: smem_fp32_cluster_config(s) is not None),
+    Rule("smem", "few fp32 rows of 32K-256K, more than coop holds at once (CTA clusters; backward up to 160K): 16 "
+         "chunks a row in shared memory, one cluster a row", lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
