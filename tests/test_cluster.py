@@ -342,8 +342,8 @@ def test_gpu_api_takes_a_stored_cluster_config():
     if plan.family.name != "coop" or not plan.config or not clustered(plan.config):
         pytest.fail(f"the table's 4x131072 bf16 entry is {plan.family.name} {plan.config}: expected coop CLUSTER 1")
     assert_softmax_close(tritonsoftmax.softmax(x), x)
-    modes = [getattr(p, "mode", None) for p, _ in api._prepared.values()]
-    assert "cluster" in modes, modes
+    prepared, _ = api._prepared[api._signature(x, -1, None, "auto", False, False)]  # this call's launch, no other's
+    assert prepared.mode == "cluster", prepared.mode
 
 
 @pytest.mark.gpu
