@@ -306,6 +306,20 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
         assert dispatch.smem_fp32_cluster_config(other) is None, other
 
 
+def test_ruled_config_is_the_one_place_a_rule_fixes_a_config():
+    """plan() and the tuner's notice read the same function: fused's held rows and RELOAD rows, smem's fp32
+    cluster rows; no other family."""
+    held = dispatch.Shape(4096, 16392, torch.bfloat16, SM90)
+    assert dispatch.ruled_config("fused", held) == dispatch.held_row_config(held) is not None
+    reload = dispatch.Shape(4096, 16384, torch.bfloat16, SM90, backward=True)
+    assert dispatch.ruled_config("fused", reload) == dispatch.reload_row_config(reload) is not None
+    few = dispatch.Shape(64, 152064, torch.float32, SM90)
+    assert dispatch.ruled_config("smem", few) == dispatch.smem_fp32_cluster_config(few)
+    assert gluon_available() <= (dispatch.ruled_config("smem", few) is not None)
+    for name in ("coop", "online", "split", "tile"):
+        assert dispatch.ruled_config(name, few) is None and dispatch.ruled_config(name, held) is None
+
+
 @pytest.mark.skipif(not gluon_available(), reason="smem needs triton's Gluon")
 def test_plan_gives_few_fp32_rows_the_cluster_config(monkeypatch):
     """The ruled config reaches the launch as the dispatcher's own (from_store: cut and capped), for auto and for

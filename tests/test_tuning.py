@@ -338,6 +338,26 @@ def test_tuner_row_counts_in_one_m_bucket_give_one_entry(tmp_path):
     assert f"replaces the nearest entry's config {now}: " in near.stdout, near.stdout  # M bucket 16 served 64
 
 
+def test_tuner_says_when_a_dispatch_rule_fixes_a_shapes_config(tmp_path, monkeypatch, capsys):
+    """An entry tuned at a shape whose config a rule fixes (dispatch.ruled_config: fused's held rows, smem's fp32
+    cluster rows) is not what auto runs there: the tuner says so, and still records it for the bucket's other
+    shapes."""
+    from tritonsoftmax import dispatch, tune
+
+    real = dispatch.ruled_config
+    monkeypatch.setattr(dispatch, "ruled_config",
+                        lambda name, s: LaunchConfig.make(1, BLOCK_N=512, ROWS=1) if (name, s.M) == ("fused", 8)
+                        else real(name, s))
+    out = tmp_path / "tuned"
+    assert tune.main(["--families", "fused", "--dtypes", "float32", "--n", "300", "--m", "8", "64", "--rep-ms", "5",
+                      "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: a dispatch rule fixes fused's config at 8x300 (dispatch.ruled_config)" in printed, printed
+    assert printed.count("note: a dispatch rule") == 1, printed
+    (table,) = out.rglob("*.yaml")
+    assert set(yaml.safe_load(table.read_text())["entries"]["fused"]["float32"][512]) == {16, 64}
+
+
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
     out = tmp_path / "tuned"
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}

@@ -435,6 +435,17 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
                              BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
 
 
+def ruled_config(name: str, s: Shape) -> LaunchConfig | None:
+    """The config a rule fixes for family ``name`` at this shape, over the tuning table's entry: fused's rows held
+    with a tail (held_row_config) and its backward's RELOAD rows (reload_row_config), smem's few fp32 rows in CTA
+    clusters (smem_fp32_cluster_config). None where the table or the heuristic decides."""
+    if name == "fused":
+        return held_row_config(s) or reload_row_config(s)
+    if name == "smem":
+        return smem_fp32_cluster_config(s)
+    return None
+
+
 def coop_tuned_16bit_backward(s: Shape) -> bool:
     """Few 16-bit rows (backward) that smem takes, of at most COOP_BWD_16BIT_CHUNKS_PER_SM chunks of
     COOP_CHUNK an SM, read once, for which the tuning table holds a coop-bwd config."""
@@ -567,8 +578,7 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
             check_row_length(N)
         fam = backward_family(name) if backward else family(name)
         shape = Shape(M, N, dtype, info, backward, aligned, dense)
-        ruled = ((held_row_config(shape) or reload_row_config(shape)) if name == "fused"
-                 else smem_fp32_cluster_config(shape) if name == "smem" else None)
+        ruled = ruled_config(name, shape)
         entry = None if ruled else stored(info, fam, dtype, N, M)
         config = ruled or (entry.config if entry else None)
         p = Plan(name, fam, config, info, config is not None)

@@ -260,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue
+        ruled = [f"{m}x{n}" for (n, m), w in works.items() if dispatch.ruled_config(fname, dispatch.Shape(
+            m, n, dtype, info, args.backward, w.problem.rows_aligned(dtype.itemsize), w.problem.rows_dense()))]
+        if ruled:
+            print(f"    note: a dispatch rule fixes {fname}'s config at {'/'.join(ruled)} (dispatch.ruled_config), so "
+                  f"those shapes will not run this entry; it serves the bucket's other shapes", flush=True)
         N, M = max(timings_by_n)  # the entry's time: its largest shape's (the longest N, then the most rows)
         how, was = served[group]
         if was is None and hasattr(fam, "default_config"):  # coop, smem: with no entry they run the heuristic
