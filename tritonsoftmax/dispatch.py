@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
-from .kernels._common import heuristic_warps, row_tail
+from .kernels._common import chunks, heuristic_warps, row_tail
 from .layout import ALIGN_BYTES, whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
@@ -416,23 +417,22 @@ def smem_few_fp32_rows(s: Shape) -> bool:
 
 
 def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
-    """For few fp32 rows (NVIDIA sm_90+: CTA clusters) of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes,
-    holding more than coop does at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or fewer, in whole
-    SMEM_FP32_CLUSTER_BLOCK copy groups) in cluster mode, for this N; the backward only with chunks of at most
-    SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements. Else None."""
+    """For few fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes, holding more than coop does
+    at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or fewer, in whole SMEM_FP32_CLUSTER_BLOCK copy
+    groups) in cluster mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the
+    backward only with chunks of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements. Else None."""
     from .kernels import coop
 
-    if not (s.dtype.itemsize >= 4 and few_rows(s) and s.device.backend == "cuda"
-            and s.device.sm_version >= coop.CLUSTER_MIN_SM
+    if not (s.dtype.itemsize >= 4 and few_rows(s)
             and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
             and not coop_holds_all(s) and smem_takes(s)):
         return None
-    per_chunk = -(-s.N // SMEM_FP32_CLUSTER_CHUNKS)
-    tiles = -(-per_chunk // SMEM_FP32_CLUSTER_BLOCK)
+    tiles = triton.cdiv(triton.cdiv(s.N, SMEM_FP32_CLUSTER_CHUNKS), SMEM_FP32_CLUSTER_BLOCK)
     if s.backward and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK:
         return None
-    return LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
-                             BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
+    config = LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
+                               BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
+    return config if coop.cluster_mode(config, chunks(s.N, dict(config.meta)), s.device, False) else None
 
 
 def ruled_config(name: str, s: Shape) -> LaunchConfig | None:
