@@ -8,7 +8,8 @@
 Plots: ``m4096`` (M = 4096, N = 256 .. 262144), ``few-131072`` and ``few-1m`` (few long rows:
 GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x8192), ``odd``
 (M = 4096, odd N from 1023 to 100003: rows off a 16-byte boundary), ``even`` (even N that are not
-multiples of 16, 100 to 50264: rows on 4-, 8- or 16-byte boundaries that Triton cannot see). Lines:
+multiples of 16, 100 to 50264: rows on 4-, 8- or 16-byte boundaries that Triton cannot see), ``vocab``
+(M = 4096, language models' vocabulary sizes, 32000 to 256000). Lines:
 tritonsoftmax (auto and each family), a copy of the same bytes, torch.softmax, torch.compile,
 the Triton tutorial kernel, the naive five-op torch version, and Liger-Kernel, FlagGems and
 QuACK when importable (``--peers-site`` or TRITONSOFTMAX_PEERS_SITE). A provider that is missing
@@ -53,6 +54,10 @@ PLOTS = {
     # Triton's specialisation (divisibility by 16) cannot see, so kernels without VEC load element by element.
     "even": {"x": "N", "shapes": [(16384, n) for n in (100, 200, 300, 1000, 1002, 4100)]
              + [(4096, n) for n in (16392, 50264)], "log": True},
+    # Language models' vocabularies (Llama 2, Phi-3, GPT-2, GPT-2 padded to 64, cl100k padded, Llama 3, Qwen2, Gemma):
+    # the logits a training step's softmax reads, 4096 rows (tokens) at a time.
+    "vocab": {"x": "N", "shapes": [(4096, n) for n in (32000, 32064, 50257, 50304, 100352, 128256, 151936, 256000)],
+              "log": True},
 }
 QUICK_PLOTS = {
     "m64": {"x": "N", "shapes": [(64, 256), (64, 1024), (64, 4096)], "log": True},
