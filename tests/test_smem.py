@@ -252,6 +252,62 @@ def test_line_lead_is_set_for_rows_off_128_byte_lines_only():
     assert mod.line_lead(matrix_problem(padded, padded)) == 0, "rows padded to whole lines"
 
 
+def test_odd_rows_take_the_odd_lead_where_input_and_output_share_a_layout():
+    """Rows off 16-byte boundaries or not whole vectors: odd_lead (LINE_BYTES less one element: not a multiple of
+    the vector, which is how the kernels tell the form) when x and y sit alike; else 0 (SmemLaunch then runs coop)."""
+    mod = smem()
+    for dtype, N, lead in ((torch.bfloat16, 50257, 63), (torch.float16, 12345, 63), (torch.float32, 100003, 31),
+                           (torch.bfloat16, 65540, 63)):
+        x = torch.empty(8, N, dtype=dtype, device="meta")
+        assert mod.line_lead(matrix_problem(x, x)) == lead == mod.odd_lead(dtype.itemsize), (dtype, N)
+        assert lead % (16 // dtype.itemsize), "not a multiple of the 16-byte vector"
+    odd = torch.empty(8, 50258, dtype=torch.bfloat16, device="meta")[:, :50257]
+    assert mod.line_lead(matrix_problem(odd, odd)) == 63, "padded odd rows, one layout"
+    assert mod.line_lead(matrix_problem(odd, torch.empty(8, 50257, dtype=torch.bfloat16, device="meta"))) == 0
+    cols = torch.empty(50257, 8, dtype=torch.bfloat16, device="meta").t()
+    assert mod.line_lead(matrix_problem(cols, cols)) == 0, "strided columns"
+    x = torch.empty(8, 50257, dtype=torch.bfloat16, device="meta")
+    assert mod.odd_rows_fit(matrix_problem(x, x), 2, 2) and not mod.odd_rows_fit(matrix_problem(x, x), 2, 4)
+
+
+def test_dense_odd_rows_go_to_smem_where_it_copies():
+    """The dispatcher gives smem rows off 16-byte boundaries when they are dense (contiguous rows of one element
+    size: the odd-row form takes them), as it gives aligned ones; not other unaligned layouts, nor AMD."""
+    bf = torch.bfloat16
+    assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=True).impl == "smem"
+    assert dispatch.choose(4096, 100003, bf, SM90, True, aligned=False, dense=True).impl == "smem"
+    assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=False).impl != "smem"
+    assert dispatch.choose(4096, 50257, bf, GFX942, False, aligned=False, dense=True).impl != "smem"
+    assert dispatch.choose(4096, 50264, bf, SM90, False, aligned=True, dense=True).impl == "smem"
+
+
+def test_odd_rows_compile_to_16_byte_copies_and_stores():
+    """The odd-row form, compiled for sm_90: every copy 16 bytes wide (whole vectors, the row's first and last
+    with its neighbours' elements), every store of a whole vector 16 bytes wide, and one element store a lane
+    for the tiles that hold a partial vector (a branch of their own); forward and backward."""
+    import json
+
+    from compile_scripts import run_compile_script
+
+    cases = [("fwd", "bf16", 16, {"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8, "LEAD": 63}, 4),
+             ("fwd", "fp16", 16, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 8, "LEAD": 63, "CLUSTER": 1}, 4),
+             ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 12, "BLOCK_G": 4, "LEAD": 31}, 4),
+             ("bwd", "bf16", 16, {"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8, "LEAD": 63}, 4),
+             ("bwd", "fp32", 32, {"BLOCK": 1024, "TILES": 8, "BLOCK_G": 8, "LEAD": 31}, 4)]
+    compile_cases = [[which, dt, dt, {**meta, "LEAD": lead}, nw, {}, {"maxnreg": 64}]
+                     for which, dt, _, meta, nw in cases for lead in (meta["LEAD"], 0)]
+    results = run_compile_script("smem_compile.py", json.dumps(compile_cases))
+    for (which, _, bits, meta, nw), got, aligned in zip(cases, results[::2], results[1::2], strict=True):
+        per_thread = meta["TILES"] * meta["BLOCK"] // (nw * 32)
+        vectors = per_thread * bits // 128
+        held = 2 if which == "bwd" else 1
+        ptx = got["ptx"]
+        assert len(re.findall(COPY, ptx)) == held * vectors and not re.search(r"cp\.async\.ca", ptx), (which, meta)
+        assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == vectors, (which, meta)
+        elements = [len(re.findall(rf"st\.global\.b{bits} \[", p["ptx"])) for p in (got, aligned)]
+        assert elements[0] - elements[1] == per_thread, (which, meta, elements)  # beside the exchange's own
+
+
 def test_balanced_configs_compile_to_16_byte_copies_and_stores():
     """Copy groups of 1024 (2048 for 16-bit at 8 warps) and tile counts that are no power of two, as
     balanced_config gives them, with and without LEAD, compiled for sm_90: every copy and store 16 bytes
@@ -573,8 +629,92 @@ def test_layouts_it_cannot_copy_run_coop_and_the_rest_run_smem(case):
     y = poisoned_like(x)
     launch = smem().FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags=FLAGS)
     launch(x, y, 1.0)
-    assert launch.fallbacks == (0 if case == "padded-aligned" else 1)
+    # odd-n: contiguous x and y of one layout, which the odd-row form takes; padded-odd: y (full_like) is contiguous,
+    # x is not, so their rows sit differently against 16-byte boundaries
+    assert launch.fallbacks == (0 if case in ("padded-aligned", "odd-n") else 1)
     assert_softmax_close(y, x)
+
+
+def padded_rows(M: int, N: int, pad: int, values: torch.Tensor | None, dtype: torch.dtype):
+    """(rows, buffer): M rows of N at a row stride of N + pad in a buffer with 64 elements to spare after them,
+    holding ``values`` (M x N) or NaN everywhere."""
+    buffer = torch.full((M * (N + pad) + 64,), float("nan"), dtype=dtype, device=DEVICE)
+    rows = buffer[:M * (N + pad)].view(M, N + pad)[:, :N]
+    if values is not None:
+        rows.copy_(values)
+    return rows, buffer
+
+
+def assert_only_rows_written(rows: torch.Tensor, buffer: torch.Tensor) -> None:
+    outside = torch.ones_like(buffer, dtype=torch.bool)
+    M, N = rows.shape
+    stride = rows.stride(0)
+    for r in range(M):
+        outside[r * stride:r * stride + N] = False
+    assert buffer[outside].isnan().all(), f"{int((~buffer[outside].isnan()).sum())} elements written outside the rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("M,N,pad", [(64, 100003, 0), (37, 50257, 0), (33, 65536, 3), (24, 12345, 5),
+                                     (3, 1000001, 0), (16, 65540, 0)])
+@pytest.mark.parametrize("log", [False, True])
+def test_odd_rows_run_smem_and_write_nothing_outside_them(dtype, M, N, pad, log):
+    """Rows that start on any element (odd N, or an odd pad between rows) run the odd-row form: the copies take
+    whole vectors, so a row's first and last hold its neighbours' elements. Maxima of 60 at the head of row 5 and
+    the tail of row 6 sit in vectors rows 4 and 7 copy: counted there, they would move those rows' softmax. A row
+    whose values all fall below 0, maxima at a row's ends and a -inf row, as in the LEAD test; every element
+    against float64, and nothing written outside the rows (the gaps and the 64 elements after them stay NaN);
+    forward and backward."""
+    x = random_input((M, N), torch.float32, DEVICE, scale=1.0, seed=N + pad)
+    x[0, 0] = 40.0
+    x[1, -1] = 40.0
+    x[2] = -(x[2].abs() + 1.0)
+    x[3] = float("-inf")
+    if M > 7:
+        x[5, :8] = 60.0
+        x[6, -8:] = 60.0
+    x, _ = padded_rows(M, N, pad, x.to(dtype), dtype)
+    y, y_buffer = padded_rows(M, N, pad, None, dtype)
+    info = device_info(x.device)
+    flags = {"LOG": int(log), "ZERO_MASKED": 1}
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, info, flags=flags)
+    launch(x, y, 1.0)
+    assert launch.config["LEAD"] == smem().odd_lead(x.element_size()) and launch.fallbacks == 0
+    want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
+    want[3] = 0.0
+    err = (y.double() - want).abs() / (want.abs().clamp(min=1) if log else 1)
+    assert err.max().item() <= TOL[dtype]
+    assert_only_rows_written(y, y_buffer)
+
+    saved, dy = saved_output_and_gradient(M, N, dtype, seed=N, log=log)
+    if M > 7:
+        dy[5, :8] = 1e4  # in rows 4 and 7's copied vectors: counted there, they would swamp those rows' sums
+        dy[6, -8:] = 1e4
+    saved, _ = padded_rows(M, N, pad, saved, dtype)
+    dy, _ = padded_rows(M, N, pad, dy, dtype)
+    dx, dx_buffer = padded_rows(M, N, pad, None, dtype)
+    back = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, info, flags={"LOG": int(log)})
+    back(dy, dx, saved, 1.0)
+    assert back.config["LEAD"] == smem().odd_lead(dy.element_size()) and back.fallbacks == 0
+    for r in (4, 7, 8) if M > 8 else range(M):
+        assert_grad_close(dx[r:r + 1], dy[r:r + 1], saved[r:r + 1], 1.0, log)
+    assert_grad_close(dx, dy, saved, 1.0, log)
+    assert_only_rows_written(dx, dx_buffer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 50257), (64, 100003)])
+def test_dense_odd_rows_run_smem_through_auto_and_autograd(dtype, M, N):
+    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
+    plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, False, True)
+    assert plan.impl == "smem"
+    y = tritonsoftmax.softmax(x, -1)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    y.backward(dy)
+    assert_grad_close(x.grad, dy, y.detach())
 
 
 @pytest.mark.gpu

@@ -178,7 +178,8 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
 def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
              backward: bool):
     aligned = problem.rows_aligned(x.element_size(), y.element_size())
-    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, problem.rows_dense())
+    dense = problem.rows_dense() and x.element_size() == y.element_size()
+    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense)
     return p.family.prepare(problem, p.config, p.device, p.from_store, flags)
 
 

@@ -285,7 +285,7 @@ class Shape:
     device: DeviceInfo
     backward: bool = False
     aligned: bool = True  # every row starts on a 16-byte boundary (RowProblem.rows_aligned)
-    dense: bool = False  # input and output are contiguous rows, back to back (RowProblem.rows_dense)
+    dense: bool = False  # input and output are contiguous rows, back to back, of one element size (rows_dense)
 
 
 def few_rows(s: Shape) -> bool:
@@ -371,9 +371,10 @@ def coop_rereads(s: Shape) -> bool:
 
 
 def smem_copies(s: Shape) -> bool:
-    """The smem kernels can copy these rows: NVIDIA sm_80+, a triton with Gluon, rows on 16-byte
-    boundaries along unit-stride columns (``aligned``), N a whole number of 16-byte vectors."""
-    return (s.aligned and s.device.sm_version >= SMEM_MIN_SM and whole_vectors(s.N, s.dtype.itemsize)
+    """The smem kernels can copy these rows: NVIDIA sm_80+, a triton with Gluon, and rows on 16-byte
+    boundaries along unit-stride columns (``aligned``) with N a whole number of 16-byte vectors, or
+    (the kernels' odd-row form, kernels/smem.odd_rows_fit) ``dense`` rows of any length."""
+    return (s.device.sm_version >= SMEM_MIN_SM and ((s.aligned and whole_vectors(s.N, s.dtype.itemsize)) or s.dense)
             and gluon_available())
 
 
@@ -528,10 +529,10 @@ RULES: tuple[Rule, ...] = (
 
 
 def choose(M: int, N: int, dtype: torch.dtype, device: DeviceInfo, backward: bool = False,
-           aligned: bool = True) -> Rule:
+           aligned: bool = True, dense: bool = False) -> Rule:
     """The first rule of :data:`RULES` that holds for this shape (of the forward, or the backward;
-    ``aligned``: every row starts on a 16-byte boundary)."""
-    shape = Shape(M, N, dtype, device, backward, aligned)
+    ``aligned``: every row starts on a 16-byte boundary; ``dense``: as in Shape)."""
+    shape = Shape(M, N, dtype, device, backward, aligned, dense)
     for rule in RULES:
         if rule.holds(shape):
             return rule
@@ -565,13 +566,14 @@ def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int, within=N
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
          device: torch.device, backward: bool = False, aligned: bool = True, dense: bool = False) -> Plan:
     """The cached launch plan for one call shape (``impl`` already validated; ``aligned``: every
-    row starts on a 16-byte boundary; ``dense``: input and output are contiguous rows, back to back).
+    row starts on a 16-byte boundary; ``dense``: input and output are contiguous rows, back to back, of one
+    element size).
     The backward runs the backward kernel of the family the rules pick for it."""
     key = (impl, M, N, dtype, out_dtype, device, backward, aligned, dense)
     p = _plans.get(key)
     if p is None:
         info = device_info(device)
-        name = choose(M, N, dtype, info, backward, aligned).impl if impl == "auto" else impl
+        name = choose(M, N, dtype, info, backward, aligned, dense).impl if impl == "auto" else impl
         if name == "fused":
             from .kernels.fused import check_row_length
 

@@ -26,7 +26,11 @@ It has not run on AMD and is never chosen there.
 What the kernels assume, and :class:`SmemLaunch` checks before each launch (else the call runs
 the coop family's kernel, which takes any layout): unit column strides, 16-byte aligned base
 pointers and row starts, and N a multiple of the 16-byte vector (so each vector of a row is wholly
-in or out of it, which 16-byte copies need).
+in or out of it, which 16-byte copies need). Session 33 added the odd-row form (LEAD = odd_lead): rows
+that start anywhere or end inside a vector, when input and output share one layout and element size
+(odd_rows_fit; base pointers still 16-byte aligned). Each row's window then starts on the line that holds
+its first element; the copies take whole vectors (a row's first and last also hold its neighbours'
+elements, masked out of the sums), and the stores are 16 bytes wide but for those two partial vectors.
 """
 
 from __future__ import annotations
@@ -76,14 +80,48 @@ _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared 
 
 
 @gluon.jit
-def _row_lanes(cols, n_vec, LEAD: gl.constexpr):
-    """The lanes at row positions ``cols`` that lie in the row: cols < n_vec, and with LEAD (a chunk
-    window that starts before the row, _line_lead) also cols >= 0."""
+def _row_lanes(cols, lo, hi, LEAD: gl.constexpr):
+    """The lanes at window positions ``cols`` that lie in the row, positions lo .. hi - 1: cols < hi, and
+    with LEAD (a chunk window that starts before the row: _line_lead, _odd_window) also cols >= lo."""
     if LEAD > 0:
-        inside = (cols >= 0) & (cols < n_vec)
+        inside = (cols >= lo) & (cols < hi)
     else:
-        inside = cols < n_vec
+        inside = cols < hi
     return inside
+
+
+@gluon.jit
+def _vector_lanes(cols, lo, hi, VEC: gl.constexpr):
+    """The lanes of the 16-byte vectors (VEC elements, window positions ``cols`` from a 16-byte boundary) that
+    hold any of the row's positions lo .. hi - 1: what an odd row's 16-byte copies take."""
+    return (cols >= (lo // VEC) * VEC) & (cols < ((hi + VEC - 1) // VEC) * VEC)
+
+
+@gluon.jit
+def _odd_window(ptr, offset, LEAD: gl.constexpr, VEC: gl.constexpr):
+    """(window, lead) of a row that starts at element ``offset`` from ``ptr`` (a 16-byte aligned base), on any
+    element: lead, the elements between the LINE_BYTES line holding its first element ((LEAD + 1) elements
+    wide) and that element; window, the offset of that line's start, written as a multiple of VEC so that
+    the compiler knows the window's vectors to be 16-byte aligned."""
+    ITEM: gl.constexpr = 16 // VEC
+    lead = (((ptr + offset).to(gl.int64) & ((LEAD + 1) * ITEM - 1)) // ITEM).to(gl.int32)
+    return ((offset - lead) // VEC) * VEC, lead
+
+
+@gluon.jit
+def _store_row(ptrs, value, cols, lo, hi, start, BLOCK: gl.constexpr, LEAD: gl.constexpr, ODD: gl.constexpr,
+               VEC: gl.constexpr):
+    """Store the lanes of a tile (window positions ``cols``, from ``start``) that lie in the row (lo .. hi - 1).
+    ODD: the vectors wholly in the row as 16-byte stores; only a tile that holds one of the row's two
+    partial vectors stores those lanes one element at a time (a second, element-masked store)."""
+    if ODD:
+        lo_whole = ((lo + VEC - 1) // VEC) * VEC
+        hi_whole = (hi // VEC) * VEC
+        store_out(ptrs, value, (cols >= lo_whole) & (cols < hi_whole))
+        if (start < lo_whole) | (start + BLOCK > hi_whole):
+            store_out(ptrs, value, _row_lanes(cols, lo, hi, LEAD) & ((cols < lo_whole) | (cols >= hi_whole)))
+    else:
+        store_out(ptrs, value, _row_lanes(cols, lo, hi, LEAD))
 
 
 @gluon.jit
@@ -101,11 +139,11 @@ def _line_lead(row_ptr, LEAD: gl.constexpr, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _in_row(z, cols, n_vec, MASKED: gl.constexpr, LEAD: gl.constexpr):
+def _in_row(z, cols, lo, hi, MASKED: gl.constexpr, LEAD: gl.constexpr):
     """``z`` with MASKED, lanes outside the row (_row_lanes) -inf; applied after the scale, so that a
     negative or zero scale cannot turn the masked lanes into +inf or NaN."""
     if MASKED:
-        z = gl.where(_row_lanes(cols, n_vec, LEAD), z, float("-inf"))
+        z = gl.where(_row_lanes(cols, lo, hi, LEAD), z, float("-inf"))
     return z
 
 
@@ -127,11 +165,11 @@ def _max_of_flipped(a, b, flip):
 
 
 @gluon.jit
-def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
+def _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES: gl.constexpr, BLOCK: gl.constexpr,
                    MASKED: gl.constexpr, LEAD: gl.constexpr, layout: gl.constexpr):
     """(m, s) of the chunk: m = max of scale * x, s = sum of exp(scale * x - m) (0 when m = -inf),
     waiting for each copy group in turn. MASKED: the chunk's window runs past the row's end or (LEAD)
-    starts before the row (those lanes hold the copy's zero fill).
+    starts before the row (those lanes hold the copy's zero fill, or an odd row's neighbours).
     m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
     the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
     so the first pass costs a 16-bit element neither a conversion nor a multiply (H200,
@@ -148,15 +186,32 @@ def _chunk_max_sum(buf, first, offs, n_vec, scale, TILES: gl.constexpr, BLOCK: g
         cp.wait_group(TILES - 1 - t)
         v = buf.index(t).load(layout)
         if MASKED:
-            v = gl.where(_row_lanes(first + t * BLOCK + offs, n_vec, LEAD), v, hole)
+            v = gl.where(_row_lanes(first + t * BLOCK + offs, lo, hi, LEAD), v, hole)
         ev = _max_of_flipped(ev, v, flip)
     m = gl.max(ev.to(gl.float32), 0) * gl.abs(scale)
     m_ref = gl.where(m == float("-inf"), 0.0, m)
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
         v = buf.index(t).load(layout).to(gl.float32)
-        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, n_vec, MASKED, LEAD))
+        sv += exp(_in_row(gl.fma(v, scale, -m_ref), first + t * BLOCK + offs, lo, hi, MASKED, LEAD))
     return m, gl.sum(sv, 0)
+
+
+@gluon.jit
+def _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES: gl.constexpr, BLOCK: gl.constexpr, LOG: gl.constexpr,
+                    MASKED: gl.constexpr, LEAD: gl.constexpr, layout: gl.constexpr):
+    """The chunk's sum of grad_term(dy, y), waiting for each copy group in turn; MASKED: lanes outside the row
+    (_row_lanes) add nothing whatever they hold."""
+    acc = gl.zeros([BLOCK], gl.float32, layout)
+    for t in gl.static_range(TILES):
+        cp.wait_group(TILES - 1 - t)
+        dy = dyb.index(t).load(layout).to(gl.float32)
+        y = yb.index(t).load(layout).to(gl.float32)
+        term = grad_term(dy, y, LOG)
+        if MASKED:
+            term = gl.where(_row_lanes(first + t * BLOCK + offs, lo, hi, LEAD), term, 0.0)
+        acc += term
+    return gl.sum(acc, 0)
 
 
 @gluon.jit
@@ -186,16 +241,19 @@ def _softmax_smem_fwd_kernel(
 
     x_ptr, y_ptr: input and output, 16-byte aligned, unit column strides (stride_x_col and
     stride_y_col are not read), rows starting on 16-byte boundaries, N a multiple of the 16-byte
-    vector (SmemLaunch checks all of it). scale, M, N, INNER, stride_*_outer/inner, LOG,
-    ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop
-    kernel (tickets and the (max, sum) exchange are coop's: row_max_sum). BLOCK: elements per
-    copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
+    vector, save the odd-row form (LEAD below; SmemLaunch checks all of it). scale, M, N, INNER,
+    stride_*_outer/inner, LOG, ZERO_MASKED: as in the fused kernel. ws_ptr, sync_ptr, BLOCK_G, PHASE,
+    RESIDENT, PER_WORD: as in the coop kernel (tickets and the (max, sum) exchange are coop's: row_max_sum).
+    BLOCK: elements per copy group (one cp.async group, waited for in order); TILES: groups a chunk holds in shared
     memory (TILES x BLOCK x the input's element size bytes). LEAD: 0, or LINE_BYTES less
     one 16-byte vector in elements (line_lead): each row's chunks then start on the 128-byte line that
     holds its first element (_line_lead elements before it, masked), so every copy and store of the row
-    covers whole lines, whatever its start. The output stores carry no eviction hint: marked evict_first,
-    as they were until session 28, they ran 0.8-0.9 % slower at every many-row shape of probe 145 (H200,
-    triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of identical kernels a side).
+    covers whole lines, whatever its start; or odd_lead, LINE_BYTES less one element (ODD, LEAD not a
+    multiple of the vector): rows may start on any element and N need not be whole vectors (x and y of one
+    layout and element size; _odd_window, _vector_lanes, _store_row). The output stores carry no eviction
+    hint: marked evict_first, as they were until session 28, they ran 0.8-0.9 % slower at every many-row
+    shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
+    identical kernels a side).
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
     through the cluster's shared memory, past the chunk's: cluster.py).
 
@@ -205,32 +263,45 @@ def _softmax_smem_fwd_kernel(
     """
     VEC: gl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
     VEC_Y: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    ODD: gl.constexpr = LEAD % VEC != 0
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
-    # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
-    n_vec = (N // VEC) * VEC
-    x_row = x_ptr + row_offsets(row, INNER, (stride_x_outer // VEC) * VEC, (stride_x_inner // VEC) * VEC)
-    y_row = y_ptr + row_offsets(row, INNER, (stride_y_outer // VEC_Y) * VEC_Y, (stride_y_inner // VEC_Y) * VEC_Y)
+    if ODD:  # the row at positions lo .. hi - 1 of a window that starts on its first element's line
+        gl.static_assert(VEC == VEC_Y, "an odd row's output has the input's element size")
+        x_win, lo = _odd_window(x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner), LEAD, VEC)
+        x_row = x_ptr + x_win
+        y_row = y_ptr + ((row_offsets(row, INNER, stride_y_outer, stride_y_inner) - lo) // VEC) * VEC
+        hi = lo + N
+        first = chunk * (TILES * BLOCK)
+    else:
+        # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
+        # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
+        lo = 0
+        hi = (N // VEC) * VEC
+        x_row = x_ptr + row_offsets(row, INNER, (stride_x_outer // VEC) * VEC, (stride_x_inner // VEC) * VEC)
+        y_row = y_ptr + row_offsets(row, INNER, (stride_y_outer // VEC_Y) * VEC_Y, (stride_y_inner // VEC_Y) * VEC_Y)
+        first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
-    first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        if ODD:
+            _async_load(buf.index(t), x_row + cols, mask=_vector_lanes(cols, lo, hi, VEC))
+        else:
+            _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, lo, hi, LEAD))
         cp.commit_group()
     if PHASE != 2:
         if LEAD > 0:
-            whole = (first >= 0) & (first + TILES * BLOCK <= n_vec)
+            whole = (first >= lo) & (first + TILES * BLOCK <= hi)
         else:
-            whole = first + TILES * BLOCK <= n_vec
+            whole = first + TILES * BLOCK <= hi
         if whole:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, False, LEAD, tile_layout)
+            m, s = _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES, BLOCK, False, LEAD, tile_layout)
         else:
-            m, s = _chunk_max_sum(buf, first, offs, n_vec, scale, TILES, BLOCK, True, LEAD, tile_layout)
+            m, s = _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES, BLOCK, True, LEAD, tile_layout)
     else:
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
@@ -249,7 +320,7 @@ def _softmax_smem_fwd_kernel(
                 y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
-            store_out(y_row + cols, y, _row_lanes(cols, n_vec, LEAD))
+            _store_row(y_row + cols, y, cols, lo, hi, first + t * BLOCK, BLOCK, LEAD, ODD, VEC)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -270,40 +341,56 @@ def _softmax_smem_bwd_kernel(
 
     dy_ptr, y_ptr: incoming gradient and saved output, one layout (stride_g_*); dx_ptr: the result
     (stride_d_*). Unit column strides (stride_g_col and stride_d_col are not read), 16-byte aligned
-    base pointers and row starts, N a whole number of 16-byte vectors (SmemLaunch checks all of it).
-    scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
-    word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy group;
-    TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
-    LEAD: as in the forward (the lines of dy's rows). CLUSTER: as in the forward (the partial sums through
-    the cluster's shared memory). The dx stores carry no eviction hint, as in the forward (evict_first cost
-    5-6 % at bf16 64x131072, 0.7-2 % at fp32 2048x524288, nothing at 16-bit 4096 rows; probe146.log)."""
+    base pointers and row starts, N a whole number of 16-byte vectors, save the odd-row form (SmemLaunch
+    checks all of it). scale, M, N, INNER, LOG: as in the forward. ws_ptr: float32, two a program (exchange_sum's
+    word); sync_ptr, BLOCK_G, PHASE, RESIDENT, PER_WORD: as in the coop backward. BLOCK: elements a copy
+    group; TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
+    LEAD: as in the forward (the lines of dy's rows; odd rows: dy, y and dx of one layout). CLUSTER: as in the
+    forward (the partial sums through the cluster's shared memory). The dx stores carry no eviction hint, as in the
+    forward (evict_first cost 5-6 % at bf16 64x131072, 0.7-2 % at fp32 2048x524288, nothing at 16-bit 4096 rows;
+    probe146.log)."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
+    ODD: gl.constexpr = LEAD % VEC != 0
     NW: gl.constexpr = gl.num_warps()
     tile_layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [NW], [0])
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    n_vec = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
-    g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
-    d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
+    if ODD:  # as in the forward
+        gl.static_assert(VEC == VEC_D, "an odd row's dx has dy's element size")
+        g_row, lo = _odd_window(dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner), LEAD, VEC)
+        d_row = ((row_offsets(row, INNER, stride_d_outer, stride_d_inner) - lo) // VEC) * VEC
+        hi = lo + N
+        first = chunk * (TILES * BLOCK)
+    else:
+        lo = 0
+        hi = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
+        g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
+        d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
+        first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
     dyb = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     yb = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
-    first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
-        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
-        _async_load(yb.index(t), y_ptr + g_row + cols, mask=_row_lanes(cols, n_vec, LEAD))
+        if ODD:
+            copied = _vector_lanes(cols, lo, hi, VEC)
+        else:
+            copied = _row_lanes(cols, lo, hi, LEAD)
+        _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=copied)
+        _async_load(yb.index(t), y_ptr + g_row + cols, mask=copied)
         cp.commit_group()
     if PHASE != 2:
-        acc = gl.zeros([BLOCK], gl.float32, tile_layout)
-        for t in gl.static_range(TILES):
-            cp.wait_group(TILES - 1 - t)
-            dy = dyb.index(t).load(tile_layout).to(gl.float32)
-            y = yb.index(t).load(tile_layout).to(gl.float32)
-            acc += grad_term(dy, y, LOG)  # lanes past the row's end hold the copies' zero fill: they add 0
-        part = gl.sum(acc, 0)
+        # Lanes outside the row hold the copies' zero fill, which adds 0; an odd row's edge chunks also hold
+        # its neighbours' elements, masked out.
+        if ODD:
+            if (first < lo) | (first + TILES * BLOCK > hi):
+                part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, True, LEAD, tile_layout)
+            else:
+                part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, False, LEAD, tile_layout)
+        else:
+            part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, False, LEAD, tile_layout)
     else:
         cp.wait_group(0)
         part = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
@@ -314,7 +401,8 @@ def _softmax_smem_bwd_kernel(
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
-            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), _row_lanes(cols, n_vec, LEAD))
+            _store_row(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), cols, lo, hi, first + t * BLOCK,
+                       BLOCK, LEAD, ODD, VEC)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -433,11 +521,27 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
 def line_lead(problem: RowProblem) -> int:
     """LEAD for a launch the dispatcher chose: LINE_BYTES less one 16-byte vector, in input elements, when
     some input row of ``problem`` starts off a LINE_BYTES line, else 0 (row starts are counted from the
-    base pointer, which torch's allocations place on a line)."""
+    base pointer, which torch's allocations place on a line); for odd rows (off 16-byte boundaries, or N not
+    whole 16-byte vectors) that the kernels can take (odd_rows_fit), ODD_LEAD."""
     itemsize = problem.dtype.itemsize
+    if not (problem.rows_aligned(itemsize) and whole_vectors(problem.N, itemsize)):
+        return odd_lead(itemsize) if odd_rows_fit(problem, itemsize) else 0
     if all(s * itemsize % LINE_BYTES == 0 for s in (problem.x.outer, problem.x.inner)):
         return 0
     return (LINE_BYTES - ALIGN_BYTES) // itemsize
+
+
+def odd_lead(itemsize: int) -> int:
+    """LEAD of the odd-row form: LINE_BYTES less one element, in elements of ``itemsize`` bytes (bf16 63, fp32
+    31). Not a multiple of the 16-byte vector, which is what tells the kernels the form (their ODD)."""
+    return LINE_BYTES // itemsize - 1
+
+
+def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
+    """Whether the kernels' odd-row form takes ``problem``'s rows wherever they start: input and output (and
+    the backward's saved output, in dy's layout) of one layout along unit-stride columns and of one element
+    size, so that every row's tensors sit alike against 16-byte boundaries."""
+    return problem.x == problem.y and problem.x.col == 1 and len(set(element_sizes)) == 1
 
 
 def register_cap(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> int:
@@ -546,8 +650,12 @@ class SmemLaunch(CoopLaunch):
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
-            self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
-                               and self.problem.rows_aligned(x.element_size(), y.element_size()))
+            sizes = (x.element_size(), y.element_size(), *(e.element_size() for e in extra[:self.family.held - 1]))
+            if dict(self.config.meta).get("LEAD", 0) % (ALIGN_BYTES // x.element_size()):  # the odd-row form
+                self._layout_ok = odd_rows_fit(self.problem, *sizes)
+            else:
+                self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
+                                   and self.problem.rows_aligned(x.element_size(), y.element_size()))
         ptrs = x.data_ptr() | y.data_ptr()
         if self.family.held == 2:
             ptrs |= extra[0].data_ptr()  # the backward's saved output (dy's layout)
