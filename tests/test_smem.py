@@ -283,8 +283,9 @@ def test_dense_odd_rows_go_to_smem_where_it_copies():
 
 def test_odd_rows_compile_to_16_byte_copies_and_stores():
     """The odd-row form, compiled for sm_90: every copy 16 bytes wide (whole vectors, the row's first and last
-    with its neighbours' elements), every store of a whole vector 16 bytes wide, and one element store a lane
-    for the tiles that hold a partial vector (a branch of their own); forward and backward."""
+    with its neighbours' elements), every tile's store 16 bytes wide (whole vectors only), and one element store
+    a thread more than the aligned form, for the row's two partial vectors (_edge_lanes: an element-masked copy
+    of every tile's store spilled 248-280 bytes a thread); forward and backward."""
     import json
 
     from compile_scripts import run_compile_script
@@ -305,7 +306,7 @@ def test_odd_rows_compile_to_16_byte_copies_and_stores():
         assert len(re.findall(COPY, ptx)) == held * vectors and not re.search(r"cp\.async\.ca", ptx), (which, meta)
         assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == vectors, (which, meta)
         elements = [len(re.findall(rf"st\.global\.b{bits} \[", p["ptx"])) for p in (got, aligned)]
-        assert elements[0] - elements[1] == per_thread, (which, meta, elements)  # beside the exchange's own
+        assert elements[0] - elements[1] == 1, (which, meta, elements)  # beside the exchange's own
 
 
 def test_balanced_configs_compile_to_16_byte_copies_and_stores():
@@ -889,7 +890,7 @@ def test_backward_layouts_it_cannot_copy_run_coops_backward(case):
     dx = poisoned_like(dy)
     launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, device_info(dy.device), flags={"LOG": 0})
     launch(dy, dx, y, 1.0)
-    assert launch.fallbacks == (0 if case == "padded-aligned" else 1)
+    assert launch.fallbacks == (0 if case in ("padded-aligned", "odd-n") else 1)  # odd-n: the odd-row form
     assert_grad_close(dx, dy, y)
 
 

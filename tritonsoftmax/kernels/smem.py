@@ -51,6 +51,7 @@ from ._common import (
     exp,
     grad_input,
     grad_term,
+    load_f32,
     row_offsets,
     store_out,
 )
@@ -109,19 +110,29 @@ def _odd_window(ptr, offset, LEAD: gl.constexpr, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _store_row(ptrs, value, cols, lo, hi, start, BLOCK: gl.constexpr, LEAD: gl.constexpr, ODD: gl.constexpr,
-               VEC: gl.constexpr):
-    """Store the lanes of a tile (window positions ``cols``, from ``start``) that lie in the row (lo .. hi - 1).
-    ODD: the vectors wholly in the row as 16-byte stores; only a tile that holds one of the row's two
-    partial vectors stores those lanes one element at a time (a second, element-masked store)."""
+def _stored_lanes(cols, lo, hi, LEAD: gl.constexpr, ODD: gl.constexpr, VEC: gl.constexpr):
+    """The lanes of a tile (window positions ``cols``) that its stores write: those in the row (lo .. hi - 1);
+    ODD, only its vectors wholly in the row (16-byte stores; _edge_lanes has the rest)."""
     if ODD:
-        lo_whole = ((lo + VEC - 1) // VEC) * VEC
-        hi_whole = (hi // VEC) * VEC
-        store_out(ptrs, value, (cols >= lo_whole) & (cols < hi_whole))
-        if (start < lo_whole) | (start + BLOCK > hi_whole):
-            store_out(ptrs, value, _row_lanes(cols, lo, hi, LEAD) & ((cols < lo_whole) | (cols >= hi_whole)))
+        inside = (cols >= ((lo + VEC - 1) // VEC) * VEC) & (cols < (hi // VEC) * VEC)
     else:
-        store_out(ptrs, value, _row_lanes(cols, lo, hi, LEAD))
+        inside = _row_lanes(cols, lo, hi, LEAD)
+    return inside
+
+
+@gluon.jit
+def _edge_lanes(first, lo, hi, CHUNK: gl.constexpr, VEC: gl.constexpr, layout: gl.constexpr):
+    """(cols, lanes) of an odd row's elements in its two partial vectors (the one holding position lo, the one
+    holding hi - 1; each only when the row does not fill it), as 2 x VEC window positions, and the lanes of
+    them in the row and in this program's window (first .. first + CHUNK - 1). A few elements a row, read and
+    written one at a time, so that the tiles' stores stay 16 bytes wide with no element-masked copy."""
+    lo_whole = ((lo + VEC - 1) // VEC) * VEC
+    hi_whole = (hi // VEC) * VEC
+    e = gl.arange(0, 2 * VEC, layout=layout)
+    cols = gl.where(e < VEC, (lo // VEC) * VEC + e, hi_whole + e - VEC)
+    lanes = ((cols >= lo) & (cols < hi) & ((cols < lo_whole) | (cols >= hi_whole))
+             & (cols >= first) & (cols < first + CHUNK))
+    return cols, lanes
 
 
 @gluon.jit
@@ -250,7 +261,7 @@ def _softmax_smem_fwd_kernel(
     holds its first element (_line_lead elements before it, masked), so every copy and store of the row
     covers whole lines, whatever its start; or odd_lead, LINE_BYTES less one element (ODD, LEAD not a
     multiple of the vector): rows may start on any element and N need not be whole vectors (x and y of one
-    layout and element size; _odd_window, _vector_lanes, _store_row). The output stores carry no eviction
+    layout and element size; _odd_window, _vector_lanes, _edge_lanes). The output stores carry no eviction
     hint: marked evict_first, as they were until session 28, they ran 0.8-0.9 % slower at every many-row
     shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
     identical kernels a side).
@@ -320,7 +331,18 @@ def _softmax_smem_fwd_kernel(
                 y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
-            _store_row(y_row + cols, y, cols, lo, hi, first + t * BLOCK, BLOCK, LEAD, ODD, VEC)
+            store_out(y_row + cols, y, _stored_lanes(cols, lo, hi, LEAD, ODD, VEC))
+        if ODD:
+            if (first < lo + VEC) | (first + TILES * BLOCK > hi - VEC):  # the chunk may hold a partial vector
+                e_cols, e_lanes = _edge_lanes(first, lo, hi, TILES * BLOCK, VEC, part_layout)
+                z_e = gl.fma(load_f32(x_row + e_cols, e_lanes), scale, -m_r)
+                if LOG:
+                    y_e = z_e - log_s
+                else:
+                    y_e = exp(z_e) * inv
+                if ZERO_MASKED:
+                    y_e = gl.where(m_r == float("-inf"), 0.0, y_e)
+                store_out(y_row + e_cols, y_e, e_lanes)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -401,8 +423,14 @@ def _softmax_smem_bwd_kernel(
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
-            _store_row(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), cols, lo, hi, first + t * BLOCK,
-                       BLOCK, LEAD, ODD, VEC)
+            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG),
+                      _stored_lanes(cols, lo, hi, LEAD, ODD, VEC))
+        if ODD:
+            if (first < lo + VEC) | (first + TILES * BLOCK > hi - VEC):  # as in the forward
+                e_cols, e_lanes = _edge_lanes(first, lo, hi, TILES * BLOCK, VEC, part_layout)
+                dy_e = load_f32(dy_ptr + g_row + e_cols, e_lanes)
+                y_e = load_f32(y_ptr + g_row + e_cols, e_lanes)
+                store_out(dx_ptr + d_row + e_cols, grad_input(dy_e, y_e, red, scale, LOG), e_lanes)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -493,7 +521,8 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     takes less shared memory a row: G or G + 1 chunks (G = the config's chunk count at N) of the fewest
     BALANCE_BLOCK copy groups (or the narrowest group its warps can copy in 16-byte vectors) that cover
     the row, whichever allocates fewer elements. Else the config as it is. ``lead`` (line_lead, rows off
-    128-byte lines): the same over lead + N elements, with LEAD = lead, when that allocates no more.
+    128-byte lines): the same over lead + N elements, with LEAD = lead, when that allocates no more; an
+    odd_lead always (odd rows need it), where the row's chunks stay within coop.max_chunks.
 
     A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
     past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
@@ -510,7 +539,8 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     allocated, g, cut = _even_cut(config, N, block, device)
     if lead:
         led = _even_cut(config, N + lead, block, device)
-        if led[0] <= allocated and led[1] <= coop.max_chunks(device):
+        odd = lead % (ALIGN_BYTES // itemsize) != 0  # odd_lead: the kernels cannot take these rows without it
+        if (odd or led[0] <= allocated) and led[1] <= coop.max_chunks(device):
             allocated, g, cut = led
             cut = {**cut, "LEAD": lead}
     if not cut:
