@@ -110,22 +110,12 @@ def _odd_window(ptr, offset, LEAD: gl.constexpr, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _stored_lanes(cols, lo, hi, LEAD: gl.constexpr, ODD: gl.constexpr, VEC: gl.constexpr):
-    """The lanes of a tile (window positions ``cols``) that its stores write: those in the row (lo .. hi - 1);
-    ODD, only its vectors wholly in the row (16-byte stores; _edge_lanes has the rest)."""
-    if ODD:
-        inside = (cols >= ((lo + VEC - 1) // VEC) * VEC) & (cols < (hi // VEC) * VEC)
-    else:
-        inside = _row_lanes(cols, lo, hi, LEAD)
-    return inside
-
-
-@gluon.jit
 def _edge_lanes(first, lo, hi, CHUNK: gl.constexpr, VEC: gl.constexpr, layout: gl.constexpr):
     """(cols, lanes) of an odd row's elements in its two partial vectors (the one holding position lo, the one
     holding hi - 1; each only when the row does not fill it), as 2 x VEC window positions, and the lanes of
     them in the row and in this program's window (first .. first + CHUNK - 1). A few elements a row, read and
-    written one at a time, so that the tiles' stores stay 16 bytes wide with no element-masked copy."""
+    written one at a time, so that the tiles hold and store whole vectors only, as for aligned rows (masks of
+    single elements over every tile cost a forward 100 more registers a thread: spills, offline)."""
     lo_whole = ((lo + VEC - 1) // VEC) * VEC
     hi_whole = (hi // VEC) * VEC
     e = gl.arange(0, 2 * VEC, layout=layout)
@@ -156,6 +146,16 @@ def _in_row(z, cols, lo, hi, MASKED: gl.constexpr, LEAD: gl.constexpr):
     if MASKED:
         z = gl.where(_row_lanes(cols, lo, hi, LEAD), z, float("-inf"))
     return z
+
+
+@gluon.jit
+def _edge_max_sum(x_e, lanes, scale, m, s):
+    """(m, s) of a chunk's whole vectors (_chunk_max_sum) joined with its partial vectors' elements x_e (fp32,
+    the lanes of _edge_lanes)."""
+    z = gl.where(lanes, x_e * scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(z, 0))
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, s * exp(m - m_ref) + gl.sum(exp(z - m_ref), 0)
 
 
 @gluon.jit
@@ -280,13 +280,17 @@ def _softmax_smem_fwd_kernel(
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    if ODD:  # the row at positions lo .. hi - 1 of a window that starts on its first element's line
+    if ODD:
+        # The row is positions lead .. lead + N - 1 of a window that starts on its first element's line; the tiles
+        # hold its whole vectors, lo .. hi - 1, and the edge lanes its partial vectors' elements.
         gl.static_assert(VEC == VEC_Y, "an odd row's output has the input's element size")
-        x_win, lo = _odd_window(x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner), LEAD, VEC)
+        x_win, lead = _odd_window(x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner), LEAD, VEC)
         x_row = x_ptr + x_win
-        y_row = y_ptr + ((row_offsets(row, INNER, stride_y_outer, stride_y_inner) - lo) // VEC) * VEC
-        hi = lo + N
+        y_row = y_ptr + ((row_offsets(row, INNER, stride_y_outer, stride_y_inner) - lead) // VEC) * VEC
+        lo = ((lead + VEC - 1) // VEC) * VEC
+        hi = ((lead + N) // VEC) * VEC
         first = chunk * (TILES * BLOCK)
+        e_cols, e_lanes = _edge_lanes(first, lead, lead + N, TILES * BLOCK, VEC, part_layout)
     else:
         # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
         # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
@@ -300,10 +304,12 @@ def _softmax_smem_fwd_kernel(
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
         if ODD:
-            _async_load(buf.index(t), x_row + cols, mask=_vector_lanes(cols, lo, hi, VEC))
+            _async_load(buf.index(t), x_row + cols, mask=_vector_lanes(cols, lead, lead + N, VEC))
         else:
             _async_load(buf.index(t), x_row + cols, mask=_row_lanes(cols, lo, hi, LEAD))
         cp.commit_group()
+    if ODD:
+        x_e = load_f32(x_row + e_cols, e_lanes)
     if PHASE != 2:
         if LEAD > 0:
             whole = (first >= lo) & (first + TILES * BLOCK <= hi)
@@ -313,6 +319,8 @@ def _softmax_smem_fwd_kernel(
             m, s = _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES, BLOCK, False, LEAD, tile_layout)
         else:
             m, s = _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES, BLOCK, True, LEAD, tile_layout)
+        if ODD:
+            m, s = _edge_max_sum(x_e, e_lanes, scale, m, s)
     else:
         cp.wait_group(0)
         m = 0.0  # not read: PHASE 2 takes the row's partials from the workspace
@@ -331,18 +339,16 @@ def _softmax_smem_fwd_kernel(
                 y = exp(z) * inv
             if ZERO_MASKED:
                 y = gl.where(m_r == float("-inf"), 0.0, y)
-            store_out(y_row + cols, y, _stored_lanes(cols, lo, hi, LEAD, ODD, VEC))
+            store_out(y_row + cols, y, _row_lanes(cols, lo, hi, LEAD))
         if ODD:
-            if (first < lo + VEC) | (first + TILES * BLOCK > hi - VEC):  # the chunk may hold a partial vector
-                e_cols, e_lanes = _edge_lanes(first, lo, hi, TILES * BLOCK, VEC, part_layout)
-                z_e = gl.fma(load_f32(x_row + e_cols, e_lanes), scale, -m_r)
-                if LOG:
-                    y_e = z_e - log_s
-                else:
-                    y_e = exp(z_e) * inv
-                if ZERO_MASKED:
-                    y_e = gl.where(m_r == float("-inf"), 0.0, y_e)
-                store_out(y_row + e_cols, y_e, e_lanes)
+            z_e = gl.fma(x_e, scale, -m_r)
+            if LOG:
+                y_e = z_e - log_s
+            else:
+                y_e = exp(z_e) * inv
+            if ZERO_MASKED:
+                y_e = gl.where(m_r == float("-inf"), 0.0, y_e)
+            store_out(y_row + e_cols, y_e, e_lanes)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -381,10 +387,12 @@ def _softmax_smem_bwd_kernel(
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
     if ODD:  # as in the forward
         gl.static_assert(VEC == VEC_D, "an odd row's dx has dy's element size")
-        g_row, lo = _odd_window(dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner), LEAD, VEC)
-        d_row = ((row_offsets(row, INNER, stride_d_outer, stride_d_inner) - lo) // VEC) * VEC
-        hi = lo + N
+        g_row, lead = _odd_window(dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner), LEAD, VEC)
+        d_row = ((row_offsets(row, INNER, stride_d_outer, stride_d_inner) - lead) // VEC) * VEC
+        lo = ((lead + VEC - 1) // VEC) * VEC
+        hi = ((lead + N) // VEC) * VEC
         first = chunk * (TILES * BLOCK)
+        e_cols, e_lanes = _edge_lanes(first, lead, lead + N, TILES * BLOCK, VEC, part_layout)
     else:
         lo = 0
         hi = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
@@ -397,20 +405,24 @@ def _softmax_smem_bwd_kernel(
     for t in gl.static_range(TILES):
         cols = first + t * BLOCK + offs
         if ODD:
-            copied = _vector_lanes(cols, lo, hi, VEC)
+            copied = _vector_lanes(cols, lead, lead + N, VEC)
         else:
             copied = _row_lanes(cols, lo, hi, LEAD)
         _async_load(dyb.index(t), dy_ptr + g_row + cols, mask=copied)
         _async_load(yb.index(t), y_ptr + g_row + cols, mask=copied)
         cp.commit_group()
+    if ODD:
+        dy_e = load_f32(dy_ptr + g_row + e_cols, e_lanes)
+        y_e = load_f32(y_ptr + g_row + e_cols, e_lanes)
     if PHASE != 2:
-        # Lanes outside the row hold the copies' zero fill, which adds 0; an odd row's edge chunks also hold
-        # its neighbours' elements, masked out.
+        # Lanes outside the row hold the copies' zero fill, which adds 0; an odd row's partial vectors also hold
+        # its neighbours' elements, masked out of the tiles' sum (their own elements come in by the edge lanes).
         if ODD:
             if (first < lo) | (first + TILES * BLOCK > hi):
                 part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, True, LEAD, tile_layout)
             else:
                 part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, False, LEAD, tile_layout)
+            part += gl.sum(grad_term(dy_e, y_e, LOG), 0)  # masked edge lanes load 0: they add 0
         else:
             part = _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES, BLOCK, LOG, False, LEAD, tile_layout)
     else:
@@ -423,14 +435,9 @@ def _softmax_smem_bwd_kernel(
             cols = first + t * BLOCK + offs
             dy = dyb.index(t).load(tile_layout).to(gl.float32)
             y = yb.index(t).load(tile_layout).to(gl.float32)
-            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG),
-                      _stored_lanes(cols, lo, hi, LEAD, ODD, VEC))
+            store_out(dx_ptr + d_row + cols, grad_input(dy, y, red, scale, LOG), _row_lanes(cols, lo, hi, LEAD))
         if ODD:
-            if (first < lo + VEC) | (first + TILES * BLOCK > hi - VEC):  # as in the forward
-                e_cols, e_lanes = _edge_lanes(first, lo, hi, TILES * BLOCK, VEC, part_layout)
-                dy_e = load_f32(dy_ptr + g_row + e_cols, e_lanes)
-                y_e = load_f32(y_ptr + g_row + e_cols, e_lanes)
-                store_out(dx_ptr + d_row + e_cols, grad_input(dy_e, y_e, red, scale, LOG), e_lanes)
+            store_out(dx_ptr + d_row + e_cols, grad_input(dy_e, y_e, red, scale, LOG), e_lanes)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
