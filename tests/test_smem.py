@@ -279,6 +279,15 @@ def test_dense_odd_rows_go_to_smem_where_it_copies():
     assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=False).impl != "smem"
     assert dispatch.choose(4096, 50257, bf, GFX942, False, aligned=False, dense=True).impl != "smem"
     assert dispatch.choose(4096, 50264, bf, SM90, False, aligned=True, dense=True).impl == "smem"
+    # a forward odd row the odd lead pushes past its bucket keeps fused (probe172-D.log: 0.95 x), its backward smem
+    assert dispatch.choose(4096, 12345, bf, SM90, False, aligned=False, dense=True).impl == "smem"
+    assert dispatch.choose(4096, 16383, bf, SM90, False, aligned=False, dense=True).impl == "fused"
+    assert dispatch.choose(4096, 16383, bf, SM90, True, aligned=False, dense=True).impl == "smem"
+    # few fp32 odd rows: the forward takes the cluster rule, the backward stays on coop-bwd (0.935 x there)
+    f32 = torch.float32
+    assert dispatch.smem_fp32_cluster_config(dispatch.Shape(64, 100003, f32, SM90, False, False, True)) is not None
+    assert dispatch.smem_fp32_cluster_config(dispatch.Shape(64, 100003, f32, SM90, True, False, True)) is None
+    assert dispatch.choose(64, 100003, f32, SM90, True, aligned=False, dense=True).impl == "coop"
 
 
 def test_odd_rows_compile_to_16_byte_copies_and_stores():

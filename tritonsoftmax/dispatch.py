@@ -398,7 +398,14 @@ def smem_one_chunk_rows(s: Shape) -> bool:
         return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
     if reload_row_config(s) is not None:
         return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
-    return (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s))
+    if not (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)):
+        return False
+    from .kernels import smem
+
+    # A forward odd row whose window (smem.odd_lead elements more) runs past the bucket takes a chunk more than the
+    # bucket's config: bf16 4096x16383 0.95 x fused's realigned kernel, where 4096x12345 ran 1.19 x, and the backward
+    # of 4096x16383 1.12 x (bench/results/h200/session33-probes/probe172-D.log).
+    return s.aligned or s.backward or s.N + smem.odd_lead(s.dtype.itemsize) <= n_bucket(s.N)
 
 
 def smem_held_32k_rows(s: Shape) -> bool:
@@ -421,7 +428,8 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     """For few fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes, holding more than coop does
     at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or fewer, in whole SMEM_FP32_CLUSTER_BLOCK copy
     groups) in cluster mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the
-    backward only with chunks of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements. Else None."""
+    backward only with chunks of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, of rows on 16-byte boundaries
+    (odd rows in smem's odd-row form: 64x100003 0.935 x coop-bwd, session33-probes/probe172-D.log). Else None."""
     from .kernels import coop
 
     if not (s.dtype.itemsize >= 4 and few_rows(s)
@@ -429,7 +437,7 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
             and not coop_holds_all(s) and smem_takes(s)):
         return None
     tiles = triton.cdiv(triton.cdiv(s.N, SMEM_FP32_CLUSTER_CHUNKS), SMEM_FP32_CLUSTER_BLOCK)
-    if s.backward and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK:
+    if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or not s.aligned):
         return None
     config = LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
                                BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
