@@ -83,7 +83,7 @@ _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared 
 @gluon.jit
 def _row_lanes(cols, lo, hi, LEAD: gl.constexpr):
     """The lanes at window positions ``cols`` that lie in the row, positions lo .. hi - 1: cols < hi, and
-    with LEAD (a chunk window that starts before the row: _line_lead, _odd_window) also cols >= lo."""
+    with LEAD (a chunk window that starts before the row: _line_lead, _odd_row) also cols >= lo."""
     if LEAD > 0:
         inside = (cols >= lo) & (cols < hi)
     else:
@@ -99,14 +99,20 @@ def _vector_lanes(cols, lo, hi, VEC: gl.constexpr):
 
 
 @gluon.jit
-def _odd_window(ptr, offset, LEAD: gl.constexpr, VEC: gl.constexpr):
-    """(window, lead) of a row that starts at element ``offset`` from ``ptr`` (a 16-byte aligned base), on any
-    element: lead, the elements between the LINE_BYTES line holding its first element ((LEAD + 1) elements
-    wide) and that element; window, the offset of that line's start, written as a multiple of VEC so that
-    the compiler knows the window's vectors to be 16-byte aligned."""
+def _odd_row(in_ptr, in_offset, out_offset, chunk, N, CHUNK: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr,
+             layout: gl.constexpr):
+    """Where an odd row (ODD) lies for the program holding chunk ``chunk`` (CHUNK elements) of it. The row starts at
+    element ``in_offset`` from ``in_ptr`` (a 16-byte aligned base) and at ``out_offset`` in the output, on any
+    element; lead: the elements between the LINE_BYTES line ((LEAD + 1) elements wide) holding its first element and
+    that element. Returns (in_window, out_window, lead, lo, hi, first, edge_cols, edge_lanes): the offsets of the
+    windows that start on that line, written as multiples of VEC so that the compiler knows their vectors 16-byte
+    aligned; the row's whole vectors, window positions lo .. hi - 1; the chunk's first position; and _edge_lanes."""
     ITEM: gl.constexpr = 16 // VEC
-    lead = (((ptr + offset).to(gl.int64) & ((LEAD + 1) * ITEM - 1)) // ITEM).to(gl.int32)
-    return ((offset - lead) // VEC) * VEC, lead
+    lead = (((in_ptr + in_offset).to(gl.int64) & ((LEAD + 1) * ITEM - 1)) // ITEM).to(gl.int32)
+    first = chunk * CHUNK
+    edge_cols, edge_lanes = _edge_lanes(first, lead, lead + N, CHUNK, VEC, layout)
+    return (((in_offset - lead) // VEC) * VEC, ((out_offset - lead) // VEC) * VEC, lead,
+            ((lead + VEC - 1) // VEC) * VEC, ((lead + N) // VEC) * VEC, first, edge_cols, edge_lanes)
 
 
 @gluon.jit
@@ -146,6 +152,20 @@ def _in_row(z, cols, lo, hi, MASKED: gl.constexpr, LEAD: gl.constexpr):
     if MASKED:
         z = gl.where(_row_lanes(cols, lo, hi, LEAD), z, float("-inf"))
     return z
+
+
+@gluon.jit
+def _output(x, scale, m, inv, log_s, LOG: gl.constexpr, ZERO_MASKED: gl.constexpr):
+    """softmax (log_softmax, LOG) of fp32 inputs ``x`` given the row's max ``m`` of scale * x, 1 / its sum ``inv`` and
+    the sum's log ``log_s``; ZERO_MASKED: 0 for a row whose max is -inf."""
+    z = gl.fma(x, scale, -m)
+    if LOG:
+        y = z - log_s
+    else:
+        y = exp(z) * inv
+    if ZERO_MASKED:
+        y = gl.where(m == float("-inf"), 0.0, y)
+    return y
 
 
 @gluon.jit
@@ -261,7 +281,7 @@ def _softmax_smem_fwd_kernel(
     holds its first element (_line_lead elements before it, masked), so every copy and store of the row
     covers whole lines, whatever its start; or odd_lead, LINE_BYTES less one element (ODD, LEAD not a
     multiple of the vector): rows may start on any element and N need not be whole vectors (x and y of one
-    layout and element size; _odd_window, _vector_lanes, _edge_lanes). The output stores carry no eviction
+    layout and element size; _odd_row, _vector_lanes, _edge_lanes). The output stores carry no eviction
     hint: marked evict_first, as they were until session 28, they ran 0.8-0.9 % slower at every many-row
     shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
     identical kernels a side).
@@ -284,13 +304,11 @@ def _softmax_smem_fwd_kernel(
         # The row is positions lead .. lead + N - 1 of a window that starts on its first element's line; the tiles
         # hold its whole vectors, lo .. hi - 1, and the edge lanes its partial vectors' elements.
         gl.static_assert(VEC == VEC_Y, "an odd row's output has the input's element size")
-        x_win, lead = _odd_window(x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner), LEAD, VEC)
+        x_win, y_win, lead, lo, hi, first, e_cols, e_lanes = _odd_row(
+            x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner),
+            row_offsets(row, INNER, stride_y_outer, stride_y_inner), chunk, N, TILES * BLOCK, LEAD, VEC, part_layout)
         x_row = x_ptr + x_win
-        y_row = y_ptr + ((row_offsets(row, INNER, stride_y_outer, stride_y_inner) - lead) // VEC) * VEC
-        lo = ((lead + VEC - 1) // VEC) * VEC
-        hi = ((lead + N) // VEC) * VEC
-        first = chunk * (TILES * BLOCK)
-        e_cols, e_lanes = _edge_lanes(first, lead, lead + N, TILES * BLOCK, VEC, part_layout)
+        y_row = y_ptr + y_win
     else:
         # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
         # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
@@ -332,23 +350,11 @@ def _softmax_smem_fwd_kernel(
         log_s = gl.log(s_r)
         for t in gl.static_range(TILES):
             cols = first + t * BLOCK + offs
-            z = gl.fma(buf.index(t).load(tile_layout).to(gl.float32), scale, -m_r)  # lanes past the end: not stored
-            if LOG:
-                y = z - log_s
-            else:
-                y = exp(z) * inv
-            if ZERO_MASKED:
-                y = gl.where(m_r == float("-inf"), 0.0, y)
+            x = buf.index(t).load(tile_layout).to(gl.float32)  # lanes outside the row: not stored
+            y = _output(x, scale, m_r, inv, log_s, LOG, ZERO_MASKED)
             store_out(y_row + cols, y, _row_lanes(cols, lo, hi, LEAD))
         if ODD:
-            z_e = gl.fma(x_e, scale, -m_r)
-            if LOG:
-                y_e = z_e - log_s
-            else:
-                y_e = exp(z_e) * inv
-            if ZERO_MASKED:
-                y_e = gl.where(m_r == float("-inf"), 0.0, y_e)
-            store_out(y_row + e_cols, y_e, e_lanes)
+            store_out(y_row + e_cols, _output(x_e, scale, m_r, inv, log_s, LOG, ZERO_MASKED), e_lanes)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -387,12 +393,9 @@ def _softmax_smem_bwd_kernel(
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
     if ODD:  # as in the forward
         gl.static_assert(VEC == VEC_D, "an odd row's dx has dy's element size")
-        g_row, lead = _odd_window(dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner), LEAD, VEC)
-        d_row = ((row_offsets(row, INNER, stride_d_outer, stride_d_inner) - lead) // VEC) * VEC
-        lo = ((lead + VEC - 1) // VEC) * VEC
-        hi = ((lead + N) // VEC) * VEC
-        first = chunk * (TILES * BLOCK)
-        e_cols, e_lanes = _edge_lanes(first, lead, lead + N, TILES * BLOCK, VEC, part_layout)
+        g_row, d_row, lead, lo, hi, first, e_cols, e_lanes = _odd_row(
+            dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner),
+            row_offsets(row, INNER, stride_d_outer, stride_d_inner), chunk, N, TILES * BLOCK, LEAD, VEC, part_layout)
     else:
         lo = 0
         hi = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
