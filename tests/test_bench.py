@@ -208,3 +208,26 @@ def test_overhead_times_every_function_each_round_in_alternating_order(monkeypat
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     assert overhead.interleaved_host_us(fns, 3) == [6.0, 7.0]
     assert order == ["torch", "ours", "ours", "torch", "torch", "ours"]
+
+
+def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
+    """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that process drift
+    falls on all alike: session33-probes/probe174.log), and each dtype's row reports its own three host times."""
+    import torch
+
+    from bench import overhead
+
+    rounds_of = []
+
+    def interleaved(fns, rounds):
+        rounds_of.append(len(fns))
+        return [float(i) for i in range(len(fns))]
+
+    monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
+    monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
+    assert overhead.main(["--shapes", "8x2048", "--dtype", "float32", "bfloat16"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
+    assert rounds_of == [6]
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 99.0 | 99.0 |",
+                    "| 8×2048 | bfloat16 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |"]
