@@ -358,6 +358,25 @@ def test_tuner_says_when_a_dispatch_rule_fixes_a_shapes_config(tmp_path, monkeyp
     assert set(yaml.safe_load(table.read_text())["entries"]["fused"]["float32"][512]) == {16, 64}
 
 
+def test_tuner_asks_for_auto_as_the_workloads_rows_are_laid_out(tmp_path, monkeypatch):
+    """--families auto tunes the family auto runs on the tuner's own rows, which are contiguous: rows off 16 bytes
+    where N does not fill whole 16-byte vectors (since session 33 the dispatcher sends dense odd rows to smem's
+    odd-row form, aligned or not), on them where it does."""
+    from tritonsoftmax import dispatch, tune
+
+    asked = []
+    real = dispatch.choose
+
+    def choose(M, N, dtype, device, backward=False, aligned=True, dense=False):
+        asked.append((N, aligned, dense))
+        return real(M, N, dtype, device, backward, aligned, dense)
+
+    monkeypatch.setattr(dispatch, "choose", choose)
+    assert tune.main(["--families", "auto", "--dtypes", "float32", "--n", "300", "301", "--m", "8", "--rep-ms", "5",
+                      "--out", str(tmp_path / "tuned")]) == 0
+    assert sorted(set(asked)) == [(300, True, True), (301, False, True)]
+
+
 def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypatch):
     out = tmp_path / "tuned"
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import m_bucket, n_bucket
     from .device import device_info, interpreter_active
     from .kernels import ALL_FAMILY_NAMES, backward_family, family
+    from .layout import whole_vectors
 
     if torch.cuda.is_available():
         dev = torch.device("cuda")
@@ -196,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         for N in lengths:
             for m in args.m:
                 M = max(1, min(m, args.max_elements // N))
-                auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward).impl
+                # as auto decides for the workloads' rows: contiguous, on 16-byte boundaries when N fills whole vectors
+                auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward,
+                                       whole_vectors(N, DTYPES[dname].itemsize), True).impl
                 names = [auto] if "auto" in args.families else []
                 names += [f for f in args.families if f != "auto" and f not in names]
                 for f in names:
