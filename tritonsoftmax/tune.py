@@ -141,6 +141,14 @@ def choose_across_lengths(timings_by_n: dict) -> tuple:
     return chosen, max(shares[chosen])
 
 
+def _workload_layout(N: int, dtype: torch.dtype) -> tuple[bool, bool]:
+    """(aligned, dense) of the tuner's rows of N elements, as dispatch.choose and dispatch.Shape take them: contiguous
+    rows of one dtype (dense), on 16-byte boundaries where N fills whole 16-byte vectors."""
+    from .layout import whole_vectors
+
+    return whole_vectors(N, dtype.itemsize), True
+
+
 def _served_before(root, info, fam, dtype: torch.dtype, shape: tuple[int, int], up_to: bool) -> tuple[str, object]:
     """What served a group's largest shape in ``root``'s table before the run: (how it was found, its config), from
     the slot the entry will take (how: "") or the nearest entry the lookup gave; ("", None) when none did."""
@@ -160,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     from .config import m_bucket, n_bucket
     from .device import device_info, interpreter_active
     from .kernels import ALL_FAMILY_NAMES, backward_family, family
-    from .layout import whole_vectors
 
     if torch.cuda.is_available():
         dev = torch.device("cuda")
@@ -197,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         for N in lengths:
             for m in args.m:
                 M = max(1, min(m, args.max_elements // N))
-                # as auto decides for the workloads' rows: contiguous, on 16-byte boundaries when N fills whole vectors
                 auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward,
-                                       whole_vectors(N, DTYPES[dname].itemsize), True).impl
+                                       *_workload_layout(N, DTYPES[dname])).impl
                 names = [auto] if "auto" in args.families else []
                 names += [f for f in args.families if f != "auto" and f not in names]
                 for f in names:
@@ -263,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue
-        ruled = [f"{m}x{n}" for (n, m), w in works.items() if dispatch.ruled_config(fname, dispatch.Shape(
-            m, n, dtype, info, args.backward, w.problem.rows_aligned(dtype.itemsize), w.problem.rows_dense()))]
+        ruled = [f"{m}x{n}" for n, m in works if dispatch.ruled_config(fname, dispatch.Shape(
+            m, n, dtype, info, args.backward, *_workload_layout(n, dtype)))]
         if ruled:
             print(f"    note: a dispatch rule fixes {fname}'s config at {'/'.join(ruled)} (dispatch.ruled_config), so "
                   f"those shapes will not run this entry; it serves the bucket's other shapes", flush=True)

@@ -549,8 +549,8 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     allocated, g, cut = _even_cut(config, N, block, device)
     if lead:
         led = _even_cut(config, N + lead, block, device)
-        odd = lead % (ALIGN_BYTES // itemsize) != 0  # odd_lead: the kernels cannot take these rows without it
-        if (odd or led[0] <= allocated) and led[1] <= coop.max_chunks(device):
+        # odd rows: the kernels cannot take them without their lead
+        if (is_odd_lead(lead, itemsize) or led[0] <= allocated) and led[1] <= coop.max_chunks(device):
             allocated, g, cut = led
             cut = {**cut, "LEAD": lead}
     if not cut:
@@ -575,6 +575,12 @@ def odd_lead(itemsize: int) -> int:
     """LEAD of the odd-row form: LINE_BYTES less one element, in elements of ``itemsize`` bytes (bf16 63, fp32
     31). Not a multiple of the 16-byte vector, which is what tells the kernels the form (their ODD)."""
     return LINE_BYTES // itemsize - 1
+
+
+def is_odd_lead(lead: int, itemsize: int) -> bool:
+    """Whether LEAD ``lead`` (elements of ``itemsize`` bytes) is the odd-row form: not a multiple of the 16-byte
+    vector (the kernels' ODD)."""
+    return lead % (ALIGN_BYTES // itemsize) != 0
 
 
 def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
@@ -691,7 +697,7 @@ class SmemLaunch(CoopLaunch):
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
             sizes = (x.element_size(), y.element_size(), *(e.element_size() for e in extra[:self.family.held - 1]))
-            if dict(self.config.meta).get("LEAD", 0) % (ALIGN_BYTES // x.element_size()):  # the odd-row form
+            if is_odd_lead(dict(self.config.meta).get("LEAD", 0), x.element_size()):
                 self._layout_ok = odd_rows_fit(self.problem, *sizes)
             else:
                 self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
