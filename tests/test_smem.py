@@ -384,11 +384,14 @@ def test_register_cap_leaves_other_warp_counts_and_named_caps_alone():
     ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 8}, 60000, 56, (8, 4, 2048), 9),    # ... 9 x 7 x 1024
     ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8}, 66808, 56, (6, 11, 1024), 6),   # G + 1 in 11 x 1024: taken
     ({"BLOCK": 2048, "TILES": 4, "BLOCK_G": 16}, 100000, 56, (14, 7, 1024), 14),  # G 13 is past 8: taken
+    ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16}, 256000, 0, (16, 8, 2048), 17),   # 17 x 15 x 1024: no cluster
+    ({"BLOCK": 1024, "TILES": 10, "BLOCK_G": 16}, 154403, 0, (16, 10, 1024), 17),  # 17 x 9 x 1024: no cluster
 ], ids=str)
 def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elements(meta, N, lead, want, ticketed_g):
     """balanced_config gives a cluster-mode config G + 1 chunks a row only in chunks of CLUSTER_CUT_MIN_CHUNK
-    elements or more, or when G is past CLUSTER_CUT_MAX_G (session31-probes/probe157.log, probe159-G.log); the
-    same config out of cluster mode takes G + 1 wherever that allocates less."""
+    elements or more, or when G is past CLUSTER_CUT_MAX_G (session31-probes/probe157.log, probe159-G.log), and never
+    past the largest cluster (16 chunks to 17 would leave cluster mode); the same config out of cluster mode takes
+    G + 1 wherever that allocates less."""
     mod = smem()
     c = mod.balanced_config(LaunchConfig.make(4, CLUSTER=1, **meta), N, 2, SM90, lead)
     got = dict(c.meta)

@@ -513,14 +513,18 @@ def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -
     4096x63000 4088 / 3856 (fp16 4191 / 3994), 1024x63000 3838 / 3683, 128x63000 2743 / 2658. Where G is past 8
     (clusters of 9-16, of which fewer fit the GPU at once: probe 138) G + 1 led instead: 64x100000 G 14 in 7 x 1024
     2606 against G 13 in 8192 2468, 64x85000 2423 / 2289, 64x99000 2587 / 2464. The same chunks in cluster mode
-    and ticketed (probe158.log): cluster ahead at every G of 2-16."""
+    and ticketed (probe158.log): cluster ahead at every G of 2-16. A config that runs in cluster mode at G never
+    takes a G + 1 that would not (16 chunks to 17: bf16 4096x256000, fp32 64x154403)."""
     g0 = chunks(need, dict(config.meta))
     best = (g0 * config["TILES"] * config["BLOCK"], g0, {})
     cluster = bool(dict(config.meta).get("CLUSTER"))
+    clustered = coop.cluster_mode(config, g0, device, False)
     for g in (g0, g0 + 1):
         cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(need, g), block)}
         if g > g0 and cluster and g0 <= CLUSTER_CUT_MAX_G and cut["TILES"] * block < CLUSTER_CUT_MIN_CHUNK:
             continue
+        if g > g0 and clustered and not coop.cluster_mode(config, g, device, False):
+            continue  # G + 1 past the largest cluster: the row would exchange through the workspace instead
         if g <= coop.max_chunks(device) and chunks(need, cut) == g and g * cut["TILES"] * block < best[0]:
             best = (g * cut["TILES"] * block, g, cut)
     return best
