@@ -279,9 +279,11 @@ def test_dense_odd_rows_go_to_smem_where_it_copies():
     assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=False).impl != "smem"
     assert dispatch.choose(4096, 50257, bf, GFX942, False, aligned=False, dense=True).impl != "smem"
     assert dispatch.choose(4096, 50264, bf, SM90, False, aligned=True, dense=True).impl == "smem"
-    # a forward odd row the odd lead pushes past its bucket keeps fused (probe172-D.log: 0.95 x), its backward smem
-    assert dispatch.choose(4096, 12345, bf, SM90, False, aligned=False, dense=True).impl == "smem"
-    assert dispatch.choose(4096, 16383, bf, SM90, False, aligned=False, dense=True).impl == "fused"
+    # forward odd rows the odd lead pushes past their bucket too (their chunks cut so that the lead adds none,
+    # probe175-A.log), and those of the 32K bucket that online takes when they are not dense
+    for N in (12345, 16383, 20001, 32767):
+        assert dispatch.choose(4096, N, bf, SM90, False, aligned=False, dense=True).impl == "smem", N
+    assert dispatch.choose(4096, 32767, bf, SM90, False, aligned=False, dense=False).impl == "online"
     assert dispatch.choose(4096, 16383, bf, SM90, True, aligned=False, dense=True).impl == "smem"
     # few fp32 odd rows: the forward takes the cluster rule, the backward stays on coop-bwd (0.935 x there)
     f32 = torch.float32
@@ -421,7 +423,8 @@ def test_a_cluster_config_keeps_lead_under_the_cap_its_chunks_allow(meta, N, cap
     assert got["LEAD"] == 56 and got.launch_kwargs()["maxnreg"] == cap, got
     assert got == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56), 2, 1, SM90), got
     back = mod.BWD_FAMILY.dispatched_form(problem, config, SM90)
-    assert back["LEAD"] == 56 and back == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56), 2, 2, SM90)
+    want = mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56, held=2), 2, 2, SM90)
+    assert back["LEAD"] == 56 and back == want
 
 
 def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():

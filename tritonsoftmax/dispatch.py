@@ -71,7 +71,10 @@ ONLINE_16BIT_MAX_N = 65536
 # online 2686/3094 against fused 2116/2878, fp16 2829/3180 against 2248/3030 (fp32 stays fused:
 # 32767 3996 against online 3240). Rows just past 16K that fused holds as half a block plus a tail
 # (fused_held) stay fused: bf16 4096x16388 3651 against online's 2738, fp16 3594 / 2872
-# (session22-probes/probe93.log).
+# (session22-probes/probe93.log). Dense rows (input and output contiguous, one element size) go to smem's odd-row
+# form instead (smem_one_chunk_rows), its chunks cut so that the row's lead adds none (kernels/smem.balanced_config).
+# H200, 4096 rows, kernel time, GB/s, smem against online (session34-probes/probe175-A.log): bf16 20001 3559 / 3085
+# (one chunk of 10 x 2048), 32767 3771 / 3499 (two chunks of 9 x 2048 in a cluster); fp16 3742 / 3175, 3892 / 3580.
 OFF_ALIGN_ONLINE_BUCKET = 32768
 # Many rows longer than this go to the smem family (coop's launch, each chunk held in shared memory
 # in the input dtype) when their layout lets it copy 16-byte vectors (smem_takes). H200, session 10
@@ -398,14 +401,7 @@ def smem_one_chunk_rows(s: Shape) -> bool:
         return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
     if reload_row_config(s) is not None:
         return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
-    if not (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)):
-        return False
-    from .kernels import smem
-
-    # A forward odd row whose window (smem.odd_lead elements more) runs past the bucket takes a chunk more than the
-    # bucket's config: bf16 4096x16383 0.95 x fused's realigned kernel, where 4096x12345 ran 1.19 x, and the backward
-    # of 4096x16383 1.12 x (bench/results/h200/session33-probes/probe172-D.log).
-    return s.aligned or s.backward or s.N + smem.odd_lead(s.dtype.itemsize) <= n_bucket(s.N)
+    return s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)
 
 
 def smem_held_32k_rows(s: Shape) -> bool:
@@ -485,18 +481,20 @@ class Rule:
 
 def realigned_16bit_32k_rows(s: Shape) -> bool:
     """Many 16-bit rows (forward, CUDA) that start off 16 bytes, in the OFF_ALIGN_ONLINE_BUCKET bucket, save
-    those fused holds as half a block plus a tail (held_row_config)."""
+    those fused holds as half a block plus a tail (held_row_config) and those smem can copy (smem_copies: dense
+    rows, in its odd-row form)."""
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
-            and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None)
+            and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None
+            and not smem_copies(s))
 
 
 RULES: tuple[Rule, ...] = (
     Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward; not those fused holds with a "
-         "small tail): realigned online beats fused",
+         "small tail, nor dense rows, which smem copies): realigned online beats fused",
          realigned_16bit_32k_rows),
     Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K, save 2^24+ elements of rows that fill the 16K block; "
-         "forward 8K-16K from 7 rows an SM) on 16-byte boundaries: one program a row holds it in shared memory in "
-         "its dtype, with nothing to exchange",
+         "forward 8K-16K from 7 rows an SM) on 16-byte boundaries or dense: one program a row holds it in shared "
+         "memory in its dtype (rows the odd-row lead pushes past a chunk: two in a cluster), with little to exchange",
          smem_one_chunk_rows),
     Rule("smem", "many 16-bit rows just past 16K on 16-byte boundaries that fused would hold as half a block plus a "
          "small tail: smem's chunks cut to the row", smem_held_32k_rows),

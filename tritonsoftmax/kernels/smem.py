@@ -498,11 +498,13 @@ def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.fl
     return coop.shape_config(device, N, 2048, 4, min_tiles=CHUNK // 2048)
 
 
-def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -> tuple[int, int, dict]:
+def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo, fewer: int = 0,
+              most: int = 0) -> tuple[int, int, dict]:
     """(elements allocated a row, chunks, meta to change) of the fewest-allocating of: ``config`` as it is
-    over ``need`` elements, and ``need`` cut into G or G + 1 chunks (G: the config's count) of ``block``
-    copy groups. Ties keep the earlier. A config in cluster mode with G of at most CLUSTER_CUT_MAX_G takes G + 1
-    only in chunks of at least CLUSTER_CUT_MIN_CHUNK elements.
+    over ``need`` elements, and ``need`` cut into ``fewer`` (when under G, in chunks of at most ``most``
+    elements), G or G + 1 chunks (G: the config's count) of ``block`` copy groups. Ties keep the earlier (the
+    fewer chunks). A config in cluster mode with G of at most CLUSTER_CUT_MAX_G takes G + 1 only in chunks of at
+    least CLUSTER_CUT_MIN_CHUNK elements.
 
     H200, bf16 unless named, auto at 4096 rows, G + 1 skipped so (G) against taken (G + 1), one process, kernel
     time, GB/s (bench/results/h200/session31-probes/probe157.log; probe156.log for 16384 rows): 4096x14400 G 2 in
@@ -519,8 +521,10 @@ def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -
     best = (g0 * config["TILES"] * config["BLOCK"], g0, {})
     cluster = bool(dict(config.meta).get("CLUSTER"))
     clustered = coop.cluster_mode(config, g0, device, False)
-    for g in (g0, g0 + 1):
+    for g in ((fewer,) if 0 < fewer < g0 else ()) + (g0, g0 + 1):
         cut = {"BLOCK": block, "TILES": triton.cdiv(triton.cdiv(need, g), block)}
+        if g < g0 and cut["TILES"] * block > most:
+            continue
         if g > g0 and cluster and g0 <= CLUSTER_CUT_MAX_G and cut["TILES"] * block < CLUSTER_CUT_MIN_CHUNK:
             continue
         if g > g0 and clustered and not coop.cluster_mode(config, g, device, False):
@@ -530,13 +534,21 @@ def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo) -
     return best
 
 
-def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceInfo, lead: int = 0) -> LaunchConfig:
+def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceInfo, lead: int = 0,
+                    held: int = 1) -> LaunchConfig:
     """``config`` (sized on the N bucket) with a row of exactly N elements cut into even chunks, when that
     takes less shared memory a row: G or G + 1 chunks (G = the config's chunk count at N) of the fewest
     BALANCE_BLOCK copy groups (or the narrowest group its warps can copy in 16-byte vectors) that cover
     the row, whichever allocates fewer elements. Else the config as it is. ``lead`` (line_lead, rows off
     128-byte lines): the same over lead + N elements, with LEAD = lead, when that allocates no more; an
     odd_lead always (odd rows need it), where the row's chunks stay within coop.max_chunks.
+
+    The lead adds no chunk where the row's G chunks can hold it (within max_chunk_elements for ``held``
+    tensors), and a one-chunk config (BLOCK_G 1) that the lead still cuts runs its chunks as a CTA cluster
+    where the device has them (coop.cluster_mode). H200, 4096 rows, kernel time, GB/s against the cut
+    before (bench/results/h200/session34-probes/probe175-A.log): forward bf16 4096x16383 2 chunks of 9 x 1024
+    in a cluster 3806 against 3 of 6 x 1024 3315 (fp16 3909 / 3451), 4096x32767 2 chunks of 9 x 2048 in a
+    cluster 3771 against the same ticketed 2893 (fp16 3892 / 2921).
 
     A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
     past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
@@ -552,13 +564,16 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
     allocated, g, cut = _even_cut(config, N, block, device)
     if lead:
-        led = _even_cut(config, N + lead, block, device)
+        led = _even_cut(config, N + lead, block, device, chunks(N, dict(config.meta)),
+                        max_chunk_elements(device, held))
         # odd rows: the kernels cannot take them without their lead
         if (is_odd_lead(lead, itemsize) or led[0] <= allocated) and led[1] <= coop.max_chunks(device):
             allocated, g, cut = led
             cut = {**cut, "LEAD": lead}
     if not cut:
         return config
+    if g > 1 and config["BLOCK_G"] == 1 and coop.cluster_mode(config.with_meta(CLUSTER=1), g, device, False):
+        cut = {**cut, "CLUSTER": 1}
     return config.with_meta(**cut, BLOCK_G=max(config["BLOCK_G"], next_power_of_2(g)))
 
 
@@ -750,7 +765,7 @@ class SmemFamily(CoopFamily):
         it: cut to the row (balanced_config, with LEAD for rows off 128-byte lines), registers capped by what the
         chunks' shared memory leaves (register_capped)."""
         itemsize = problem.dtype.itemsize
-        cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem))
+        cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem), self.held)
         return register_capped(cut, itemsize, self.held, device)
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
