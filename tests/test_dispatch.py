@@ -30,8 +30,8 @@ def test_fused_capacity_follows_register_file():
     (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
     (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "fused", "fused", "fused"),
     (16384, "fused", "smem", "fused", "fused"), (16385, "fused", "fused", "fused", "fused"),
-    (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "fused"),
-    (32768, "fused", "smem", "coop", "fused"), (32769, "coop", "online", "coop", "coop"),
+    (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "smem"),
+    (32768, "fused", "smem", "coop", "smem"), (32769, "coop", "online", "coop", "coop"),
     (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
     (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),
@@ -141,7 +141,8 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         assert reload(many, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
         assert reload(many, block, device=GFX942) is None, "measured on the H200 only"
         assert reload(many, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
-        assert dispatch.choose(many, block, dtype, SM90, backward=True).impl == "fused", block
+        smem_block = block > dispatch.RELOAD_OVER_SMEM_MAX_N  # the 16-bit 32K block: smem-bwd (probe176-B.log)
+        assert dispatch.choose(many, block, dtype, SM90, backward=True).impl == ("smem" if smem_block else "fused")
         if most:
             assert reload(most // shortest, shortest) == want, block
             assert reload(most // shortest + 1, shortest) is None, (block, "too many elements")
@@ -181,6 +182,10 @@ def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config
             p = dispatch.plan(impl, M, N, torch.bfloat16, torch.bfloat16, dev, backward=True)
             want = dispatch.reload_row_config(dispatch.Shape(M, N, torch.bfloat16, SM90, True))
             assert want is not None and (p.impl, p.config, p.from_store) == ("fused", want, True), (impl, M, N)
+        assert dispatch.plan("auto", 4096, 32768, torch.bfloat16, torch.bfloat16, dev, backward=True,
+                             dense=True).impl == "smem", "smem-bwd where it copies the rows"
+        monkeypatch.setattr(dispatch, "gluon_available", lambda: False)
+        dispatch.clear_cache()
         dense = dispatch.plan("auto", 4096, 32768, torch.bfloat16, torch.bfloat16, dev, backward=True, dense=True)
         strided = dispatch.plan("auto", 4096, 32768, torch.bfloat16, torch.bfloat16, dev, backward=True)
         assert dense.config["DENSE"] == 1 and dense.impl == "fused", dense
@@ -340,11 +345,11 @@ def test_plan_gives_few_fp32_rows_the_cluster_config(monkeypatch):
 @pytest.mark.parametrize("M,N,forward16,backward16", [
     (300, 12000, "fused", "smem"), (923, 16384, "fused", "fused"), (924, 16384, "smem", "fused"),
     (600, 16384, "fused", "smem"),
-    (300, 24576, "smem", "fused"), (264, 32768, "smem", "fused"), (263, 32768, "split", "coop"),
+    (300, 24576, "smem", "smem"), (264, 32768, "smem", "smem"), (263, 32768, "split", "coop"),
     (4096, 8200, "fused", "fused"), (4096, 8704, "smem", "smem"), (4096, 8192, "fused", "fused"),
     (4096, 12004, "fused", "fused")])
 def test_many_16bit_rows_of_8k_to_32k_go_to_smem_as_one_chunk(M, N, forward16, backward16):
-    """16K-bucket forwards from 7 rows an SM (924 on the H200); 32K only forward; 263 rows are few rows;
+    """16K-bucket forwards from 7 rows an SM (924 on the H200); 32K forward and backward; 263 rows are few rows;
     12004 bf16 elements are not whole 16-byte vectors; 8200 is held by fused as 8192 + 8 (held_row_config),
     8704 has a tail over 1/64 of its block; the backward of 640+ rows of 16384 goes to fused with RELOAD
     (reload_row_config)."""

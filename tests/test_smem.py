@@ -20,7 +20,7 @@ from softmax_ref import (
     poisoned_like,
     random_input,
 )
-from synthetic_devices import GFX942, SM75, SM90
+from synthetic_devices import GFX942, SM75, SM89, SM90
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
@@ -28,7 +28,7 @@ from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import _common, coop, gluon_available
 from tritonsoftmax.kernels._common import chunks
-from tritonsoftmax.layout import matrix_problem
+from tritonsoftmax.layout import matrix_problem, whole_vectors
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
@@ -403,6 +403,34 @@ def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elem
     assert chunks(N, dict(ticketed.meta)) == ticketed_g, ticketed
 
 
+def test_an_odd_lead_adds_no_chunk_on_a_tie_and_cuts_a_one_chunk_config_into_a_cluster():
+    """balanced_config over an odd row's window (N + odd_lead): on a tie in shared memory it keeps the chunks the
+    row without its lead needs (bf16 4096x16383 under the 16K entry: 2 x 9 x 1024, not 3 x 6 x 1024), unless they
+    would pass max_chunk_elements; where the lead saves memory with more chunks it takes them (32767 under the 32K
+    entry: 3 x 11 x 1024 against 2 x 17 x 1024, probe176-B.log). A one-chunk config that the lead still cuts runs
+    its chunks as a CTA cluster where the device has clusters (probe175-A.log: ticketed 0.83 x online, clustered
+    1.08 x), not on an sm_89; an aligned row of the same configs is left as it was."""
+    mod = smem()
+    entry16k = LaunchConfig.make(4, BLOCK=2048, BLOCK_G=2, CLUSTER=1, TILES=4)
+    got = mod.balanced_config(entry16k, 16383, 2, SM90, mod.odd_lead(2))
+    assert (chunks(16383, dict(got.meta)), got["TILES"], got["BLOCK"], got["LEAD"]) == (2, 9, 1024, 63), got
+    entry32k = LaunchConfig.make(4, BLOCK=2048, BLOCK_G=2, CLUSTER=1, TILES=8)
+    got = mod.balanced_config(entry32k, 32767, 2, SM90, mod.odd_lead(2))
+    assert (chunks(32767, dict(got.meta)), got["TILES"], got["BLOCK"]) == (3, 11, 1024), got
+    one = mod._heuristic(SM90, 4096, 32767)  # one 32K chunk, 8 warps: a 33K chunk would not fit
+    assert one["BLOCK_G"] == 1 and "CLUSTER" not in dict(one.meta)
+    got = mod.balanced_config(one, 32767, 2, SM90, mod.odd_lead(2))
+    assert (chunks(32767, dict(got.meta)), got["TILES"], got["BLOCK"], got["CLUSTER"]) == (2, 9, 2048, 1), got
+    assert "CLUSTER" not in dict(mod.balanced_config(one, 32767, 2, SM89, mod.odd_lead(2)).meta), "no clusters"
+    small = mod._heuristic(SM90, 4096, 16383)  # one 16K chunk: the 16383 row's window fits one chunk of 17K
+    got = mod.balanced_config(small, 16383, 2, SM90, mod.odd_lead(2))
+    assert (chunks(16383, dict(got.meta)), got["TILES"], got["BLOCK"]) == (1, 17, 1024), got
+    back = mod.balanced_config(small, 16383, 2, SM90, mod.odd_lead(2), held=2)  # dy and y: 16K at most
+    assert chunks(16383, dict(back.meta)) == 2 and back["TILES"] * back["BLOCK"] <= mod.max_chunk_elements(SM90, 2)
+    assert mod.balanced_config(entry16k, 16384, 2, SM90) == entry16k
+    assert mod.balanced_config(one, 32768, 2, SM90) == one
+
+
 @pytest.mark.parametrize("meta,N,cap", [
     ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 16, "CLUSTER": 1}, 126000, 72),  # cut to 9 x 14 x 1024: 28 KB
     ({"BLOCK": 2048, "TILES": 8, "BLOCK_G": 8, "CLUSTER": 1}, 110000, 80),   # 7 x 16384 as it is: 32 KB
@@ -726,6 +754,24 @@ def test_dense_odd_rows_run_smem_through_auto_and_autograd(dtype, M, N):
     x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
     plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, False, True)
     assert plan.impl == "smem"
+    y = tritonsoftmax.softmax(x, -1)
+    assert_softmax_close(y.detach(), x.detach())
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    y.backward(dy)
+    assert_grad_close(x.grad, dy, y.detach())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M,N", [(4096, 16383), (1024, 20001), (4096, 32767), (1024, 32000), (300, 32768)])
+def test_16bit_rows_of_the_16k_and_32k_buckets_run_smem_through_auto_both_ways(dtype, M, N):
+    """Dense 16-bit rows of the 16K and 32K buckets, odd (chunks cut so that the lead adds none on a tie, or two
+    in a cluster) and aligned, forward and backward (the 32K backward as two chunks of dy and y in a cluster)."""
+    aligned = whole_vectors(N, dtype.itemsize)
+    for backward in (False, True):
+        plan = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward, aligned, True)
+        assert plan.impl == "smem", (backward, plan)
+    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
     y = tritonsoftmax.softmax(x, -1)
     assert_softmax_close(y.detach(), x.detach())
     dy = random_input((M, N), dtype, DEVICE, seed=N + 1)

@@ -146,7 +146,8 @@ SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 # 16384 3707 / 3628, 32768 3856 / 3747; fp16 16384 3697 / 3579,
 # 32768 3863 / 3652; backward bf16 16384 4020 / 3897, fp16 4038 / 3896. Fused stays ahead at 8192
 # (forward bf16 3561 against 3418, backward 3811 / 3764), for the 16-bit backward of 32768 (a 32K
-# chunk of dy and y does not fit: two 16K chunks 4012 against 4074) and in fp32 (16384 3996 / 3884).
+# chunk of dy and y does not fit: two 16K chunks 4012 against 4074, before session 34 below) and in fp32
+# (16384 3996 / 3884).
 # The forward of the 16K bucket wants SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows an SM (probe60.log, through
 # auto, GB/s): 300 rows lose to fused (bf16 300x12000 1197 / 1331, 300x16384 1571 / 1656; fp16 alike),
 # 1024 are level or ahead (bf16 1024x12000 2213 / 2256, 1024x16384 2917 / 2853; fp16 2341 / 2182,
@@ -155,7 +156,15 @@ SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 SMEM_ONE_CHUNK_MIN_N = 8192
 SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
-SMEM_ONE_CHUNK_BWD_MAX_N = 16384
+# The 16-bit backward of the 32K bucket joined it in session 34 (two 16K chunks of dy and y in a cluster: smem-bwd's
+# heuristic), at every row count measured, against fused-bwd, its RELOAD rows and its DENSE rows (H200, kernel time,
+# GB/s, smem-bwd against auto before, session34-probes/probe176-B.log): bf16 4096x20000 4237 / 3867, 4096x24576
+# 4259 / 4074, 4096x32000 4286 / 4119, 4096x32767 4283 / 3956, 4096x32768 4296 / 4151 (DENSE), 8192x32768 4336 /
+# 4269 (DENSE), 1024x32000 4048 / 3660 (RELOAD), 512x32768 3837 / 3321 (RELOAD), 300x32000 3382 / 2731; fp16
+# 4096x32000 4274 / 4129, 4096x32768 4297 / 4231, 1024x32000 4039 / 3686. RELOAD keeps the 16K block
+# (RELOAD_OVER_SMEM_MAX_N).
+SMEM_ONE_CHUNK_BWD_MAX_N = 32768
+RELOAD_OVER_SMEM_MAX_N = 16384
 # The 16-bit backward that smem-bwd runs on its heuristic config takes coop's cluster mode (the row's G programs
 # one CTA cluster, their partial sums through the cluster's shared memory: kernels/cluster.py) when a row has at
 # most SMEM_BWD_CLUSTER_MAX_G chunks, or when all rows make at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs (and
@@ -393,13 +402,14 @@ def smem_takes(s: Shape) -> bool:
 
 def smem_one_chunk_rows(s: Shape) -> bool:
     """Many 16-bit rows of the 16K bucket (backward, and forward from SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows
-    an SM) or the 32K bucket (forward) that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N)."""
+    an SM) or the 32K bucket that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N), or two in a
+    cluster (the 32K backward, SMEM_ONE_CHUNK_BWD_MAX_N; rows the odd-row lead pushes past a chunk)."""
     top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
     if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
         return False  # forward 16K-bucket rows, too few of them: fused
     if held_row_config(s) is not None:
         return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
-    if reload_row_config(s) is not None:
+    if reload_row_config(s) is not None and n_bucket(s.N) <= RELOAD_OVER_SMEM_MAX_N:
         return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
     return s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)
 
@@ -492,9 +502,10 @@ RULES: tuple[Rule, ...] = (
     Rule("online", "many 16-bit rows of 16K-32K that start off 16 bytes (forward; not those fused holds with a "
          "small tail, nor dense rows, which smem copies): realigned online beats fused",
          realigned_16bit_32k_rows),
-    Rule("smem", "many 16-bit rows of 8K-32K (backward 8K-16K, save 2^24+ elements of rows that fill the 16K block; "
+    Rule("smem", "many 16-bit rows of 8K-32K (backward save 2^24+ elements of rows that fill the 16K block; "
          "forward 8K-16K from 7 rows an SM) on 16-byte boundaries or dense: one program a row holds it in shared "
-         "memory in its dtype (rows the odd-row lead pushes past a chunk: two in a cluster), with little to exchange",
+         "memory in its dtype (the 32K backward and rows the odd-row lead pushes past a chunk: two or three in a "
+         "cluster), with little to exchange",
          smem_one_chunk_rows),
     Rule("smem", "many 16-bit rows just past 16K on 16-byte boundaries that fused would hold as half a block plus a "
          "small tail: smem's chunks cut to the row", smem_held_32k_rows),
