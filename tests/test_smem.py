@@ -854,13 +854,14 @@ def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_h
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,dtype,forward_impl,backward_impl", [
     (600, 16384, torch.bfloat16, "fused", "smem"), (1024, 16384, torch.float16, "smem", "fused"),
-    (264, 24576, torch.float16, "smem", "fused"),
+    (264, 24576, torch.float16, "smem", "smem"),
     (1024, 12000, torch.bfloat16, "smem", "smem"), (300, 12000, torch.float16, "fused", "smem"),
-    (1024, 20008, torch.bfloat16, "smem", "fused")], ids=str)
+    (1024, 20008, torch.bfloat16, "smem", "smem")], ids=str)
 def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, forward_impl, backward_impl):
     """The forward of the 32K bucket and of the 16K bucket from 7 rows an SM, the backward of the 16K
     bucket: one chunk a row, no exchange; save the backward of 10M+ elements of rows that fill the 16K block
-    (1024x16384), which runs fused-bwd with RELOAD (dispatch.reload_row_config)."""
+    (1024x16384), which runs fused-bwd with RELOAD (dispatch.reload_row_config). The backward of the 32K bucket:
+    two chunks of dy and y (probe176-B.log)."""
     x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
     fwd = dispatch.plan("auto", M, N, dtype, dtype, x.device)
     assert fwd.impl == forward_impl
@@ -868,7 +869,8 @@ def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, f
     assert back.impl == backward_impl
     for p in (fwd, back):
         if p.impl == "smem":
-            assert p.family.default_config(p.device, matrix_problem(x.detach(), x.detach()))["BLOCK_G"] == 1
+            chunks_a_row = 2 if p is back and N > 16384 else 1
+            assert p.family.default_config(p.device, matrix_problem(x.detach(), x.detach()))["BLOCK_G"] == chunks_a_row
     y = tritonsoftmax.softmax(x)
     assert_softmax_close(y.detach(), x.detach())
     dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
