@@ -411,18 +411,20 @@ def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (150, 50000)])
+@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (150, 50000), (4096, 50257), (300, 151936),
+                                 (264, 65536)])
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
-    """The backward of few fp32 rows past what coop-bwd holds at once, chunks of at most 10240 elements
-    (dispatch.smem_fp32_cluster_config): smem-bwd in cluster mode through the plan, LEAD off 128-byte lines."""
+    """The backward of few fp32 rows past what coop-bwd holds at once, and of many rows up to 160K (odd 50257 in the
+    odd-row form), chunks of at most 10240 elements (dispatch.smem_fp32_cluster_config): smem-bwd in cluster mode
+    through the plan, LEAD off 128-byte lines."""
     from tritonsoftmax import dispatch
 
     x = random_input((M, N), torch.float32, DEVICE, seed=M * N)
     y = (torch.log_softmax if log else torch.softmax)(x, -1)
     dy = random_input((M, N), torch.float32, DEVICE, seed=M + 1)
     dx = poisoned_like(x)
-    p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, True, True)
+    p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, N % 4 == 0, True)
     launch = p.family.prepare(matrix_problem(dy, dx), p.config, p.device, p.from_store, {"LOG": int(log)})
     launch(dy, dx, y, 1.0)
     assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error

@@ -32,7 +32,7 @@ def test_fused_capacity_follows_register_file():
     (16384, "fused", "smem", "fused", "fused"), (16385, "fused", "fused", "fused", "fused"),
     (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "smem"),
     (32768, "fused", "smem", "coop", "smem"), (32769, "coop", "online", "coop", "coop"),
-    (65536, "smem", "smem", "coop", "smem"), (65537, "coop", "coop", "coop", "coop"),
+    (65536, "smem", "smem", "smem", "smem"), (65537, "coop", "coop", "coop", "coop"),
     (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
     (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),
     (2**21, "smem", "smem", "smem", "smem"), (2**21 + 8, "smem", "smem", "online", "online"),
@@ -308,6 +308,30 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
     assert chunks(N, dict(run.meta)) == want[0] and run["TILES"] == want[1], "the cut keeps the ruled chunks"
     for other in (dispatch.Shape(M, N, torch.bfloat16, SM90), dispatch.Shape(M, N, torch.bfloat16, SM90, backward=True),
                   dispatch.Shape(M, N, torch.float32, SM89), dispatch.Shape(M, N, torch.float32, GFX942)):
+        assert dispatch.smem_fp32_cluster_config(other) is None, other
+
+
+@pytest.mark.parametrize("M,N,want", [
+    (4096, 65536, (8, 8, 8)), (4096, 50257, (7, 8, 8)), (264, 40000, (5, 8, 8)), (4096, 100352, (13, 8, 16)),
+    (1024, 151936, (15, 10, 16)), (4096, 163840, (16, 10, 16)), (4096, 163841, None), (4096, 262144, None),
+    (4096, 32768, None)])
+def test_the_backward_of_many_fp32_rows_of_32k_to_160k_goes_to_smem_clusters(M, N, want):
+    """Many fp32 rows (backward, dispatch.smem_fp32_cluster_config): chunks of 8K, 16 a row where that takes more, up
+    to 16 x 10240 elements (session34-probes/probe177-F.log); odd rows too; not the forward, 16-bit rows or GPUs
+    without clusters, nor rows past 160K or in the 32K bucket (fused's and coop's rules)."""
+    aligned = N % 4 == 0
+    shape = dispatch.Shape(M, N, torch.float32, SM90, True, aligned, True)
+    config = dispatch.smem_fp32_cluster_config(shape)
+    if want is None:
+        assert config is None and dispatch.choose(M, N, torch.float32, SM90, True, aligned, True).impl != "smem"
+        return
+    assert (chunks(N, dict(config.meta)), config["TILES"], config["BLOCK_G"]) == want, config
+    assert config["CLUSTER"] == 1 and config["BLOCK"] == 1024 and config.num_warps == 4
+    assert dispatch.choose(M, N, torch.float32, SM90, True, aligned, True).impl == "smem"
+    assert dispatch.ruled_config("smem", shape) == config
+    for other in (dispatch.Shape(M, N, torch.float32, SM90, False, aligned, True),
+                  dispatch.Shape(M, N, torch.bfloat16, SM90, True, aligned, True),
+                  dispatch.Shape(M, N, torch.float32, SM89, True, aligned, True)):
         assert dispatch.smem_fp32_cluster_config(other) is None, other
 
 

@@ -482,8 +482,9 @@ def test_rule_takes_aligned_long_rows_on_nvidia_only(monkeypatch):
         assert dispatch.choose(200, 16384, dtype, SM90).impl != "smem", "few rows keep fused"
         assert dispatch.choose(4096, 16384, dtype, GFX942).impl == "fused"
         assert dispatch.choose(4096, 65536, dtype, SM90, aligned=False).impl != "smem"
-        assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == (
-            "coop" if dtype == torch.float32 else "smem"), "the 16-bit backward: fp32 stays on coop"
+        assert dispatch.choose(4096, 65536, dtype, SM90, backward=True).impl == "smem", "fp32 in clusters (<= 160K)"
+        assert dispatch.choose(4096, 262144, dtype, SM90, backward=True).impl == (
+            "coop" if dtype == torch.float32 else "smem"), "the fp32 backward of 256K rows stays on coop"
         assert dispatch.choose(8, 131072, dtype, SM90).impl in ("coop", "split"), "few rows keep their rules"
         assert dispatch.choose(4096, 65536, dtype, SM75).impl != "smem", "cp.async needs sm_80"
         assert dispatch.choose(4096, 65536, dtype, GFX942).impl != "smem"

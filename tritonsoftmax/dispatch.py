@@ -132,6 +132,13 @@ SMEM_FP32_FEW_ROWS_MAX_N = 2097152
 # (two 40 KB chunks a program; session32-probes/probe169.log, against coop-bwd: 100x65536 3640 / 2925, 256x65536 4018
 # / 3588, 64x131072 3656 / 3522, 40/64/128x152064 (10240) 1.02/1.06/1.05x; 64 and 200 rows of 262144 (16384, one
 # program an SM) 0.93/0.95x).
+# Many fp32 rows (backward) of those buckets, up to SMEM_FP32_CLUSTER_CHUNKS chunks of SMEM_FP32_CLUSTER_BWD_MAX_CHUNK,
+# go to smem-bwd in cluster mode too (coop-bwd runs them ticketed), in chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements,
+# or in SMEM_FP32_CLUSTER_CHUNKS where that takes more. H200, session 34, 4096 rows, kernel time, GB/s, against coop-bwd
+# (session34-probes/probe177-F.log): 50257 (odd) 4383 / 3521, 50264 4379 / 4105, 65536 4381 / 4293, 100352 (13 chunks)
+# 4405 / 4214, 151936 (15 of 10240) 4364 / 4175; chunks of 15-16K (two 60-64 KB chunks a program) lost: 151936 in
+# 10 chunks 0.75 x, 262144 in 16 0.93 x.
+SMEM_FP32_MANY_ROWS_BWD_CHUNK = 8192
 SMEM_FP32_CLUSTER_MIN_N = 65536
 SMEM_FP32_CLUSTER_MAX_N = 262144
 SMEM_FP32_CLUSTER_CHUNKS = 16
@@ -431,22 +438,27 @@ def smem_few_fp32_rows(s: Shape) -> bool:
 
 
 def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
-    """For few fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes, holding more than coop does
-    at once: smem's config of SMEM_FP32_CLUSTER_CHUNKS chunks a row (or fewer, in whole SMEM_FP32_CLUSTER_BLOCK copy
-    groups) in cluster mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the
-    backward only with chunks of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, of rows on 16-byte boundaries
-    (odd rows in smem's odd-row form: 64x100003 0.935 x coop-bwd, session33-probes/probe172-D.log). Else None."""
+    """For fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes and coop would run ticketed: few
+    rows holding more than coop does at once, SMEM_FP32_CLUSTER_CHUNKS chunks a row; many rows (backward only),
+    chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes more. Chunks in
+    whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster mode, for this N,
+    where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks of at most
+    SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, and of few rows only rows on 16-byte boundaries (odd rows in smem's
+    odd-row form: 64x100003 0.935 x coop-bwd, session33-probes/probe172-D.log). Else None."""
     from .kernels import coop
 
-    if not (s.dtype.itemsize >= 4 and few_rows(s)
-            and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
-            and not coop_holds_all(s) and smem_takes(s)):
+    few = few_rows(s)
+    if not (s.dtype.itemsize >= 4 and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
+            and (few or s.backward) and not (few and coop_holds_all(s)) and smem_takes(s)):
         return None
-    tiles = triton.cdiv(triton.cdiv(s.N, SMEM_FP32_CLUSTER_CHUNKS), SMEM_FP32_CLUSTER_BLOCK)
-    if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or not s.aligned):
+    g = SMEM_FP32_CLUSTER_CHUNKS
+    if not few:
+        g = min(g, triton.cdiv(s.N, SMEM_FP32_MANY_ROWS_BWD_CHUNK))
+    tiles = triton.cdiv(triton.cdiv(s.N, g), SMEM_FP32_CLUSTER_BLOCK)
+    if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or (few and not s.aligned)):
         return None
     config = LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
-                               BLOCK_G=SMEM_FP32_CLUSTER_CHUNKS, CLUSTER=1)
+                               BLOCK_G=next_power_of_2(g), CLUSTER=1)
     return config if coop.cluster_mode(config, chunks(s.N, dict(config.meta)), s.device, False) else None
 
 
@@ -524,7 +536,8 @@ RULES: tuple[Rule, ...] = (
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
     Rule("smem", "few fp32 rows of 32K-256K, more than coop holds at once (CTA clusters; backward up to 160K): 16 "
-         "chunks a row in shared memory, one cluster a row", lambda s: smem_fp32_cluster_config(s) is not None),
+         "chunks a row in shared memory, one cluster a row; the backward of many such rows up to 160K, in chunks of "
+         "8K-10K", lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
                                     or (coop_single_read(s) and (s.dtype.itemsize >= 4 or s.backward)))),
