@@ -255,11 +255,13 @@ RELOAD_SHAPES = [(dt, block) for dt in (torch.float32, torch.bfloat16, torch.flo
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype, block, log):
     """The fewest rows of the shortest length that reload_row_config takes, per block of RELOAD_ROW_CONFIGS: auto's
-    plan is fused-bwd with RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches
-    float64 in every element."""
+    plan (fused's, for the 16-bit 32K block that auto gives smem-bwd where it copies the rows) is fused-bwd with
+    RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches float64 in every
+    element."""
     N = dispatch.reload_shortest(dtype.itemsize, block)
     M = -(-dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][2] // N)
-    p = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward=True)
+    impl = "auto" if block <= dispatch.RELOAD_OVER_SMEM_MAX_N else "fused"
+    p = dispatch.plan(impl, M, N, dtype, dtype, torch.device(DEVICE), backward=True)
     assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p
     x = random_input((M, N), dtype, DEVICE, seed=block)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
@@ -279,9 +281,10 @@ DENSE_SHAPES = [(dt, block, rows) for dt in (torch.bfloat16, torch.float16)
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, log):
     """One program's rows past the reload entry's most elements, contiguous rows of exactly the block: the backward
-    through the API plans fused-bwd with DENSE, and dx (scale -0.5) matches float64 in every element, for an input
-    with contiguous rows and for one with padded rows (its output, and so the backward, is contiguous); the plan for
-    rows that are not dense has no DENSE config."""
+    through the API (impl="fused": auto gives these rows smem-bwd where it copies them) plans fused-bwd with DENSE,
+    and dx (scale -0.5) matches float64 in every element, for an input with contiguous rows and for one with padded
+    rows (its output, and so the backward, is contiguous); the plan for rows that are not dense has no DENSE
+    config."""
     from tritonsoftmax import api
 
     M = dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][3] // block + rows
@@ -290,7 +293,7 @@ def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, lo
     for padded in (False, True):
         base = random_input((M, block + (64 if padded else 0)), dtype, DEVICE, seed=block)
         x = base[:, :block].detach().requires_grad_()
-        y = fn(x, -1, scale=-0.5)
+        y = fn(x, -1, scale=-0.5, impl="fused")
         dy = random_input((M, block), dtype, DEVICE, scale=1.0, seed=block + 1)
         y.backward(dy)
         keys = [k for k in dispatch._plans if k[6] and k[1:3] == (M, block) and k[3] == dtype]
@@ -299,7 +302,7 @@ def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, lo
         assert not x.grad.isnan().any()
         assert_grad_close(x.grad, dy, y.detach(), scale=-0.5, log=log)
         api.clear_caches()
-    strided = dispatch.plan("auto", M, block, dtype, dtype, torch.device(DEVICE), backward=True)
+    strided = dispatch.plan("fused", M, block, dtype, dtype, torch.device(DEVICE), backward=True)
     assert strided.config is None or "DENSE" not in dict(strided.config.meta)
 
 
