@@ -15,7 +15,7 @@ from synthetic_devices import SM90
 
 import tritonsoftmax
 from tritonsoftmax import tuning
-from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.config import LaunchConfig, m_bucket
 from tritonsoftmax.device import device_info
 
 REPO = Path(__file__).resolve().parent.parent
@@ -356,6 +356,24 @@ def test_tuner_says_when_a_dispatch_rule_fixes_a_shapes_config(tmp_path, monkeyp
     assert printed.count("note: a dispatch rule") == 1, printed
     (table,) = out.rglob("*.yaml")
     assert set(yaml.safe_load(table.read_text())["entries"]["fused"]["float32"][512]) == {16, 64}
+
+
+def test_tuner_says_when_max_elements_cuts_the_rows_asked_for(tmp_path, capsys):
+    """--m asks for row counts; --max-elements caps M * N (session 34's 64K-bucket tunes ran 2670 and 2048 of the 4096
+    rows asked for without saying so in the table): the tuner says which lengths ran fewer rows, and the entry sits
+    under the M bucket of the rows that ran."""
+    from tritonsoftmax import tune
+
+    out = tmp_path / "tuned"
+    assert tune.main(["--families", "fused", "--dtypes", "float32", "--n", "300", "--m", "64", "--rep-ms", "5",
+                      "--max-elements", "6000", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: --max-elements 6000 tunes fewer rows than asked at N=300 (20 of 64)" in printed, printed
+    (table,) = out.rglob("*.yaml")
+    assert set(yaml.safe_load(table.read_text())["entries"]["fused"]["float32"][512]) == {m_bucket(20)}
+    assert tune.main(["--families", "fused", "--dtypes", "float32", "--n", "300", "--m", "16", "--rep-ms", "5",
+                      "--out", str(out)]) == 0
+    assert "note: --max-elements" not in capsys.readouterr().out
 
 
 def test_tuner_asks_for_auto_as_the_workloads_rows_are_laid_out(tmp_path, monkeypatch):

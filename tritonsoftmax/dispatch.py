@@ -464,8 +464,9 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
 
 def ruled_config(name: str, s: Shape) -> LaunchConfig | None:
     """The config a rule fixes for family ``name`` at this shape, over the tuning table's entry: fused's rows held
-    with a tail (held_row_config) and its backward's RELOAD rows (reload_row_config), smem's few fp32 rows in CTA
-    clusters (smem_fp32_cluster_config). None where the table or the heuristic decides."""
+    with a tail (held_row_config) and its backward's RELOAD rows (reload_row_config), smem's few fp32 rows and the
+    backward of many fp32 rows in CTA clusters (smem_fp32_cluster_config). None where the table or the heuristic
+    decides."""
     if name == "fused":
         return held_row_config(s) or reload_row_config(s)
     if name == "smem":

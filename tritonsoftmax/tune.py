@@ -200,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
                                                    if n_bucket(args.n_min) <= b <= args.n_max]
     groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, M bucket) -> [(N, M)]
+    capped: dict[tuple[int, int], int] = {}  # (N, asked M) -> the M tuned, where --max-elements cut it
     for dname in args.dtypes:
         for N in lengths:
             for m in args.m:
                 M = max(1, min(m, args.max_elements // N))
+                if M < m:
+                    capped[(N, m)] = M
                 auto = dispatch.choose(M, N, DTYPES[dname], info, args.backward,
                                        *_workload_layout(N, DTYPES[dname])).impl
                 names = [auto] if "auto" in args.families else []
@@ -220,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{'; entries up to the longest length' if args.up_to else ''}"
               f"{'; kernel time' if args.timer == 'kernel' else ''}")
     entries = f"{len(groups)} {'entry' if len(groups) == 1 else 'entries'}"
+    if capped:
+        print(f"note: --max-elements {args.max_elements} tunes fewer rows than asked at "
+              + ", ".join(f"N={n} ({M} of {m})" for (n, m), M in sorted(capped.items()))
+              + "; each entry is stored under the M bucket of the rows it ran", flush=True)
     print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
           f"{tuning.table_path(root, info)}", flush=True)
 

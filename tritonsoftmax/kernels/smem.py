@@ -543,12 +543,15 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     128-byte lines): the same over lead + N elements, with LEAD = lead, when that allocates no more; an
     odd_lead always (odd rows need it), where the row's chunks stay within coop.max_chunks.
 
-    The lead adds no chunk where the row's G chunks can hold it (within max_chunk_elements for ``held``
-    tensors), and a one-chunk config (BLOCK_G 1) that the lead still cuts runs its chunks as a CTA cluster
-    where the device has them (coop.cluster_mode). H200, 4096 rows, kernel time, GB/s against the cut
-    before (bench/results/h200/session34-probes/probe175-A.log): forward bf16 4096x16383 2 chunks of 9 x 1024
-    in a cluster 3806 against 3 of 6 x 1024 3315 (fp16 3909 / 3451), 4096x32767 2 chunks of 9 x 2048 in a
-    cluster 3771 against the same ticketed 2893 (fp16 3892 / 2921).
+    Over the lead the cut also tries the chunk count the row needs without it (in chunks of at most
+    max_chunk_elements for ``held`` tensors), first, so that on a tie in shared memory the lead adds no chunk;
+    and a one-chunk config (BLOCK_G 1) that the lead still cuts runs its chunks as a CTA cluster where the
+    device has them (coop.cluster_mode). H200, 4096 rows, kernel time, GB/s against the cut before
+    (bench/results/h200/session34-probes/probe175-A.log): forward bf16 4096x16383 2 chunks of 9 x 1024 in a
+    cluster 3806 against 3 of 6 x 1024 3315 (fp16 3909 / 3451), 4096x32767 (the one-chunk heuristic) 2 chunks of
+    9 x 2048 in a cluster 3771 against the same ticketed 2893 (fp16 3892 / 2921). Where more chunks take less
+    shared memory they still win: bf16 4096x32767 under the 32K entry, 3 x 11 x 1024 4062 against 2 x 17 x 1024
+    3947 (probe176-B.log).
 
     A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
     past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
