@@ -285,6 +285,13 @@ def test_dense_odd_rows_go_to_smem_where_it_copies():
         assert dispatch.choose(4096, N, bf, SM90, False, aligned=False, dense=True).impl == "smem", N
     assert dispatch.choose(4096, 32767, bf, SM90, False, aligned=False, dense=False).impl == "online"
     assert dispatch.choose(4096, 16383, bf, SM90, True, aligned=False, dense=True).impl == "smem"
+    # without CTA clusters (an sm_89) the chunks a lead adds would exchange through the workspace: as before
+    assert dispatch.choose(4096, 16383, bf, SM89, False, aligned=False, dense=True).impl == "fused"
+    for N in (20001, 32767):
+        assert dispatch.choose(4096, N, bf, SM89, False, aligned=False, dense=True).impl == "online", N
+    assert dispatch.choose(4096, 12345, bf, SM89, False, aligned=False, dense=True).impl == "smem"
+    assert dispatch.choose(4096, 32000, bf, SM89, True, aligned=True, dense=True).impl == "fused", "32K backward"
+    assert dispatch.choose(4096, 16000, bf, SM89, True, aligned=True, dense=True).impl == "smem"
     # few fp32 odd rows: the forward takes the cluster rule, the backward stays on coop-bwd (0.935 x there)
     f32 = torch.float32
     assert dispatch.smem_fp32_cluster_config(dispatch.Shape(64, 100003, f32, SM90, False, False, True)) is not None

@@ -169,8 +169,11 @@ SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 # 4259 / 4074, 4096x32000 4286 / 4119, 4096x32767 4283 / 3956, 4096x32768 4296 / 4151 (DENSE), 8192x32768 4336 /
 # 4269 (DENSE), 1024x32000 4048 / 3660 (RELOAD), 512x32768 3837 / 3321 (RELOAD), 300x32000 3382 / 2731; fp16
 # 4096x32000 4274 / 4129, 4096x32768 4297 / 4231, 1024x32000 4039 / 3686. RELOAD keeps the 16K block
-# (RELOAD_OVER_SMEM_MAX_N).
+# (RELOAD_OVER_SMEM_MAX_N). On GPUs without clusters (coop.has_clusters) the two chunks would exchange through the
+# workspace, which session 13 measured behind fused (above): there the backward stops at
+# SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED.
 SMEM_ONE_CHUNK_BWD_MAX_N = 32768
+SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED = 16384
 RELOAD_OVER_SMEM_MAX_N = 16384
 # The 16-bit backward that smem-bwd runs on its heuristic config takes coop's cluster mode (the row's G programs
 # one CTA cluster, their partial sums through the cluster's shared memory: kernels/cluster.py) when a row has at
@@ -411,14 +414,24 @@ def smem_one_chunk_rows(s: Shape) -> bool:
     """Many 16-bit rows of the 16K bucket (backward, and forward from SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows
     an SM) or the 32K bucket that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N), or two in a
     cluster (the 32K backward, SMEM_ONE_CHUNK_BWD_MAX_N; rows the odd-row lead pushes past a chunk)."""
-    top = SMEM_ONE_CHUNK_BWD_MAX_N if s.backward else SMEM_ONE_CHUNK_FWD_MAX_N
+    from .kernels import coop, smem
+
+    clusters = coop.has_clusters(s.device)
+    top = SMEM_ONE_CHUNK_FWD_MAX_N
+    if s.backward:
+        top = SMEM_ONE_CHUNK_BWD_MAX_N if clusters else SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED
     if not s.backward and n_bucket(s.N) <= 16384 and s.M < SMEM_ONE_CHUNK_16K_ROWS_PER_SM * s.device.sm_count:
         return False  # forward 16K-bucket rows, too few of them: fused
     if held_row_config(s) is not None:
         return False  # rows fused holds as half a block plus a small tail: fused, or smem_held_32k_rows
     if reload_row_config(s) is not None and n_bucket(s.N) <= RELOAD_OVER_SMEM_MAX_N:
         return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
-    return s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)
+    if not (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)):
+        return False
+    # A forward odd row whose window (smem.odd_lead elements more) runs past the bucket takes a chunk more than the
+    # bucket's config unless its chunks exchange in a cluster (session33-probes/probe172-D.log: bf16 4096x16383 in 3
+    # chunks 0.95 x fused; session34-probes/probe176-B.log: in 2 chunks of a cluster 1.08 x).
+    return s.aligned or s.backward or clusters or s.N + smem.odd_lead(s.dtype.itemsize) <= n_bucket(s.N)
 
 
 def smem_held_32k_rows(s: Shape) -> bool:
@@ -504,11 +517,14 @@ class Rule:
 
 def realigned_16bit_32k_rows(s: Shape) -> bool:
     """Many 16-bit rows (forward, CUDA) that start off 16 bytes, in the OFF_ALIGN_ONLINE_BUCKET bucket, save
-    those fused holds as half a block plus a tail (held_row_config) and those smem can copy (smem_copies: dense
-    rows, in its odd-row form)."""
+    those fused holds as half a block plus a tail (held_row_config) and, on GPUs with CTA clusters, those smem can
+    copy (smem_copies: dense rows, in its odd-row form; measured on the H200 with the chunks a lead adds in a cluster,
+    ticketed they ran 0.83 x online: session34-probes/probe175-A.log)."""
+    from .kernels import coop
+
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
             and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None
-            and not smem_copies(s))
+            and not (smem_copies(s) and coop.has_clusters(s.device)))
 
 
 RULES: tuple[Rule, ...] = (

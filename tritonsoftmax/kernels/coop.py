@@ -478,13 +478,17 @@ def max_chunks(device: DeviceInfo) -> int:
     return max(1, device.sm_count)
 
 
+def has_clusters(device: DeviceInfo) -> bool:
+    """The device runs CTA clusters that exchange through distributed shared memory: NVIDIA sm_90+."""
+    return device.backend == "cuda" and device.sm_version >= CLUSTER_MIN_SM
+
+
 def cluster_mode(config: LaunchConfig, G: int, device: DeviceInfo, two_phase: bool) -> bool:
     """Whether a single launch runs each row's G programs as one CTA cluster that exchanges through
     shared memory (cluster.py): asked for by the config (CLUSTER 1), on NVIDIA sm_90+, with G one of
     CLUSTER_SIZES and at least CLUSTER_MIN_WARPS warps (cluster.py finds its slots from Triton's
     shared memory symbol, which a kernel that uses no shared memory lacks)."""
-    return (bool(dict(config.meta).get("CLUSTER")) and not two_phase and device.backend == "cuda"
-            and device.sm_version >= CLUSTER_MIN_SM and G in CLUSTER_SIZES
+    return (bool(dict(config.meta).get("CLUSTER")) and not two_phase and has_clusters(device) and G in CLUSTER_SIZES
             and config.num_warps >= CLUSTER_MIN_WARPS)
 
 
