@@ -759,9 +759,14 @@ def test_odd_rows_run_smem_and_write_nothing_outside_them(dtype, M, N, pad, log)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 50257), (64, 100003)])
 def test_dense_odd_rows_run_smem_through_auto_and_autograd(dtype, M, N):
-    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
-    plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, False, True)
+    plan = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), False, False, True)
     assert plan.impl == "smem"
+    assert_auto_softmax_and_gradient_match(M, N, dtype)
+
+
+def assert_auto_softmax_and_gradient_match(M: int, N: int, dtype: torch.dtype) -> None:
+    """tritonsoftmax.softmax of a fresh random M x N input and its gradient through autograd, against float64."""
+    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
     y = tritonsoftmax.softmax(x, -1)
     assert_softmax_close(y.detach(), x.detach())
     dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
@@ -779,12 +784,7 @@ def test_16bit_rows_of_the_16k_and_32k_buckets_run_smem_through_auto_both_ways(d
     for backward in (False, True):
         plan = dispatch.plan("auto", M, N, dtype, dtype, torch.device(DEVICE), backward, aligned, True)
         assert plan.impl == "smem", (backward, plan)
-    x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
-    y = tritonsoftmax.softmax(x, -1)
-    assert_softmax_close(y.detach(), x.detach())
-    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
-    y.backward(dy)
-    assert_grad_close(x.grad, dy, y.detach())
+    assert_auto_softmax_and_gradient_match(M, N, dtype)
 
 
 @pytest.mark.gpu
