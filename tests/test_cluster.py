@@ -378,11 +378,13 @@ def test_gpu_smem_cluster_forward(M, N, chunk, warps, dtype):
 
 @pytest.mark.gpu
 @needs_gluon
-@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (48, 131072), (150, 50000), (200, 262144)])
+@pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (48, 131072), (150, 50000), (200, 262144),
+                                 (32, 152064), (20, 140004)])
 def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
-    """Few fp32 rows past what coop holds at once (dispatch.smem_fp32_cluster_config): the plan's launch runs smem in
-    cluster mode, LEAD where rows start off 128-byte lines (50000); softmax and log_softmax of a row with a -inf
-    chunk and one with a huge value; the public call gives the same bits."""
+    """Few fp32 rows past what coop holds at once (dispatch.smem_fp32_cluster_config; rows past 128K from half of it,
+    32x152064, 20x140004): the plan's launch runs smem in cluster mode, LEAD where rows start off 128-byte lines
+    (50000, 140004); softmax and log_softmax of a row with a -inf chunk and one with a huge value; the public call
+    gives the same bits."""
     import tritonsoftmax
     from tritonsoftmax import dispatch
 
