@@ -205,7 +205,7 @@ def test_fused_takes_rows_of_32k_only_when_many_rows_fill_the_gpu():
 
 @pytest.mark.parametrize("M,N,fp32_fwd,fp32_bwd,bf16_fwd,bf16_bwd", [
     (1, 8388608, "split", "split", "split", "split"), (1, 2097152, "split", "smem", "split", "smem"),
-    (32, 152064, "smem", "coop", "coop", "smem"), (16, 152064, "coop", "coop", "coop", "smem"),
+    (32, 152064, "smem", "smem", "coop", "smem"), (16, 152064, "coop", "coop", "coop", "smem"),
     (1, 131072, "coop", "coop", "coop", "coop"),
     (8, 131072, "coop", "coop", "coop", "coop"), (4, 1048576, "coop", "coop", "coop", "smem"),
     (8, 1048576, "coop", "smem", "smem", "smem"), (40, 131072, "coop", "coop", "coop", "smem"),
@@ -287,17 +287,17 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
     (160, 100000, (14, 7), True), (200, 40000, (14, 3), True), (64, 163840, (16, 10), True),
     (64, 163844, (15, 11), False), (16, 262144, None, False), (64, 65536, None, False),
     (264, 152064, None, False), (64, 524288, None, False), (64, 152065, None, False),
-    (32, 152064, (15, 10), False), (18, 152064, (15, 10), False), (32, 140000, (16, 9), False),
-    (32, 163840, (16, 10), False), (17, 152064, None, False), (32, 163841, None, False), (24, 200000, None, False),
+    (32, 152064, (15, 10), True), (18, 152064, (15, 10), True), (32, 140000, (16, 9), True),
+    (32, 163840, (16, 10), True), (17, 152064, None, False), (32, 163841, None, False), (24, 200000, None, False),
     (32, 131072, None, False), (40, 131072, None, False)])
 def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want, backward):
     """Few fp32 rows past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer whole
     1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log); the backward too where
-    the chunks hold at most 10240 elements (probe169.log). Forward rows past the 131072 bucket (coop's 8K chunks more
-    than a cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17) in chunks of at most 10240
-    (session35-probes/probe179-C.log; not 32x163841 or 24x200000). Not where coop holds the rows otherwise
-    (16x262144, 64x65536, 32x131072: coop's clusters), not for many rows, the 512K bucket, rows that are no whole
-    16-byte vectors, 16-bit rows, or GPUs without clusters."""
+    the chunks hold at most 10240 elements (probe169.log). Rows past the 131072 bucket (coop's 8K chunks more than a
+    cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17) in chunks of at most 10240, forward
+    and backward (session35-probes/probe179-C.log, probe181-E.log; not 32x163841 or 24x200000). Not where coop holds
+    the rows otherwise (16x262144, 64x65536, 32x131072: coop's clusters), not for many rows, the 512K bucket, rows
+    that are no whole 16-byte vectors, 16-bit rows, or GPUs without clusters."""
     shape = dispatch.Shape(M, N, torch.float32, SM90)
     config = dispatch.smem_fp32_cluster_config(shape)
     if want is None:

@@ -146,12 +146,14 @@ SMEM_FP32_CLUSTER_BLOCK = 1024
 SMEM_FP32_CLUSTER_WARPS = 4
 SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 # Few fp32 rows past the 131072 bucket that coop holds at once, but in more of its COOP_CHUNK chunks than a cluster
-# takes (G > 16: coop runs them resident, exchanging through the workspace), go to the same clusters (forward) from
-# SMEM_FP32_CLUSTER_HALF_HELD of what coop holds at once, in chunks of at most SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK
-# elements. H200, session 35 (session35-probes/probe179-C.log; one process a shape, kernel time, GB/s, against
-# auto before, coop resident): 32x152064 2847 / 2711, 24x152064 2586 / 2487, 32x140000 2812 / 2649 (probe164.log:
-# 32x152064 in 14 chunks 1.039x). Not 16x152064 (under half: coop's 16-row entry, one-warp programs, 0.973x),
-# 24x200000 (chunks of 13 x 1024: 1.007x), 20x262144 (16 x 1024: 0.902x).
+# takes (G > 16: coop runs them resident, exchanging through the workspace), go to the same clusters, forward and
+# backward, from SMEM_FP32_CLUSTER_HALF_HELD of what coop holds at once, in chunks of at most
+# SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK elements. H200, session 35 (session35-probes/; one process a shape, kernel
+# time, GB/s, against auto before, coop resident). Forward (probe179-C.log): 32x152064 2847 / 2711, 24x152064 2586 /
+# 2487, 32x140000 2812 / 2649 (probe164.log: 32x152064 in 14 chunks 1.039x); not 16x152064 (under half: coop's
+# 16-row entry, one-warp programs, 0.973x), 24x200000 (chunks of 13 x 1024: 1.007x), 20x262144 (16 x 1024: 0.902x).
+# Backward (probe181-E.log, against coop-bwd ticketed): 32x152064 2876 / 2694, 24x152064 2712 / 2444 (16x152064,
+# under half, 1.046x; 32x131072, coop-bwd's clusters, 1.022x: left as they were).
 SMEM_FP32_CLUSTER_HALF_HELD = 0.5
 SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK = 10240
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
@@ -461,9 +463,9 @@ def smem_few_fp32_rows(s: Shape) -> bool:
 
 def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     """For fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes and coop would run ticketed: few
-    rows holding more than coop does at once, SMEM_FP32_CLUSTER_CHUNKS chunks a row (forward, rows past the 131072
-    bucket: from SMEM_FP32_CLUSTER_HALF_HELD of it, in chunks of at most SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK, as
-    coop runs those resident in more chunks than a cluster takes); many rows (backward only),
+    rows holding more than coop does at once, SMEM_FP32_CLUSTER_CHUNKS chunks a row (rows past the 131072 bucket:
+    from SMEM_FP32_CLUSTER_HALF_HELD of it, in chunks of at most SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK, as coop runs
+    those resident in more chunks than a cluster takes); many rows (backward only),
     chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes more. Chunks in
     whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster mode, for this N,
     where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks of at most
@@ -473,7 +475,7 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
 
     few = few_rows(s)
     held = coop_holds_all(s)
-    wide = (not s.backward and n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES)
+    wide = (n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES)
             and not coop_holds_all(s, SMEM_FP32_CLUSTER_HALF_HELD))  # coop runs these resident, past a cluster
     if not (s.dtype.itemsize >= 4 and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
             and (few or s.backward) and not (few and held and not wide) and smem_takes(s)):
@@ -569,7 +571,7 @@ RULES: tuple[Rule, ...] = (
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
     Rule("smem", "few fp32 rows of 32K-256K, more than coop holds at once (CTA clusters; backward up to 160K; "
-         "forward rows of 128K-160K from half of it): 16 chunks a row in shared memory, one cluster a row; the "
+         "rows of 128K-160K from half of it): 16 chunks a row in shared memory, one cluster a row; the "
          "backward of many such rows up to 160K, in chunks of 8K-10K",
          lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
