@@ -146,16 +146,19 @@ SMEM_FP32_CLUSTER_BLOCK = 1024
 SMEM_FP32_CLUSTER_WARPS = 4
 SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 # Few fp32 rows past the 131072 bucket that coop holds at once, but in more of its COOP_CHUNK chunks than a cluster
-# takes (G > 16: coop runs them resident, exchanging through the workspace), go to the same clusters, forward and
-# backward, from SMEM_FP32_CLUSTER_HALF_HELD of what coop holds at once, in chunks of at most
-# SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK elements. H200, session 35 (session35-probes/; one process a shape, kernel
-# time, GB/s, against auto before, coop resident). Forward (probe179-C.log): 32x152064 2847 / 2711, 24x152064 2586 /
-# 2487, 32x140000 2812 / 2649 (probe164.log: 32x152064 in 14 chunks 1.039x); not 16x152064 (under half: coop's
-# 16-row entry, one-warp programs, 0.973x), 24x200000 (chunks of 13 x 1024: 1.007x), 20x262144 (16 x 1024: 0.902x).
-# Backward (probe181-E.log, against coop-bwd ticketed): 32x152064 2876 / 2694, 24x152064 2712 / 2444 (16x152064,
-# under half, 1.046x; 32x131072, coop-bwd's clusters, 1.022x: left as they were).
-SMEM_FP32_CLUSTER_HALF_HELD = 0.5
-SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK = 10240
+# takes (G > 16: coop runs them resident or ticketed, exchanging through the workspace), go to the same clusters from
+# SMEM_FP32_CLUSTER_HELD_SHARE (forward; backward SMEM_FP32_CLUSTER_HELD_SHARE_BWD) of what coop holds at once, in
+# chunks of at most SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK elements. H200, session 35 (session35-probes/; one process
+# a shape, kernel time, GB/s, through auto against coop as auto ran it before). Forward (probe180-D.log): 32x152064
+# 2859 / 2726, 24x152064 2578 / 2531, 20x152064 2436 / 2338, 18x152064 2258 / 2222, 28x135000 2783 / 2503,
+# 20x140004 2415 / 2238, 32x163840 2946 / 2936; not 16x152064 (coop's 16-row entry, one-warp programs: 0.973x in
+# probe179-C.log), 24x200000 (chunks of 13 x 1024: 1.007x), 20x262144 (16 x 1024: 0.902x). Backward (probe182-F.log,
+# against coop-bwd): where coop-bwd runs ticketed, 32x152064 2975 / 2708, 24x152064 2781 / 2440, 28x135000 3088 /
+# 2425, 32x163840 3058 / 2774; where it still runs resident it leads: 20x152064 0.921x, 18x152064 0.908x
+# (20x140004 1.018x), hence the higher share.
+SMEM_FP32_CLUSTER_HELD_SHARE = 0.5
+SMEM_FP32_CLUSTER_HELD_SHARE_BWD = 0.65
+SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK = 10240
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
 # whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
 # with nothing to exchange, skips the workspace and the exchange (whose wait probe57/58 put at
@@ -464,8 +467,9 @@ def smem_few_fp32_rows(s: Shape) -> bool:
 def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     """For fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes and coop would run ticketed: few
     rows holding more than coop does at once, SMEM_FP32_CLUSTER_CHUNKS chunks a row (rows past the 131072 bucket:
-    from SMEM_FP32_CLUSTER_HALF_HELD of it, in chunks of at most SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK, as coop runs
-    those resident in more chunks than a cluster takes); many rows (backward only),
+    from SMEM_FP32_CLUSTER_HELD_SHARE of it, backward SMEM_FP32_CLUSTER_HELD_SHARE_BWD, in chunks of at most
+    SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK: coop runs those in more chunks than a cluster takes); many rows (backward
+    only),
     chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes more. Chunks in
     whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster mode, for this N,
     where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks of at most
@@ -475,8 +479,8 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
 
     few = few_rows(s)
     held = coop_holds_all(s)
-    wide = (n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES)
-            and not coop_holds_all(s, SMEM_FP32_CLUSTER_HALF_HELD))  # coop runs these resident, past a cluster
+    share = SMEM_FP32_CLUSTER_HELD_SHARE_BWD if s.backward else SMEM_FP32_CLUSTER_HELD_SHARE
+    wide = n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES) and not coop_holds_all(s, share)
     if not (s.dtype.itemsize >= 4 and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
             and (few or s.backward) and not (few and held and not wide) and smem_takes(s)):
         return None
@@ -484,7 +488,7 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     if not few:
         g = min(g, triton.cdiv(s.N, SMEM_FP32_MANY_ROWS_BWD_CHUNK))
     tiles = triton.cdiv(triton.cdiv(s.N, g), SMEM_FP32_CLUSTER_BLOCK)
-    if few and held and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_HALF_HELD_MAX_CHUNK:
+    if few and held and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK:
         return None
     if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or (few and not s.aligned)):
         return None
@@ -571,8 +575,8 @@ RULES: tuple[Rule, ...] = (
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
     Rule("smem", "few fp32 rows of 32K-256K, more than coop holds at once (CTA clusters; backward up to 160K; "
-         "rows of 128K-160K from half of it): 16 chunks a row in shared memory, one cluster a row; the "
-         "backward of many such rows up to 160K, in chunks of 8K-10K",
+         "rows of 128K-160K from a half, backward 0.65, of it): 16 chunks a row in shared memory, one cluster a "
+         "row; the backward of many such rows up to 160K, in chunks of 8K-10K",
          lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
          lambda s: few_rows(s) and (coop_fits_at_once(s)
