@@ -288,14 +288,14 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
     (64, 163844, (15, 11), False), (16, 262144, None, False), (64, 65536, None, False),
     (264, 152064, None, False), (64, 524288, None, False), (64, 152065, None, False),
     (32, 152064, (15, 10), True), (18, 152064, (15, 10), False), (20, 152064, (15, 10), False),
-    (24, 152064, (15, 10), True), (32, 140000, (16, 9), True), (32, 163840, (16, 10), True),
+    (21, 152064, (15, 10), True), (32, 140000, (16, 9), True), (32, 163840, (16, 10), True),
     (17, 152064, None, False), (32, 163841, None, False), (24, 200000, None, False), (32, 131072, None, False),
     (40, 131072, None, False)])
 def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want, backward):
     """Few fp32 rows past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer whole
     1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log); the backward too where
     the chunks hold at most 10240 elements (probe169.log). Rows past the 131072 bucket (coop's 8K chunks more than a
-    cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17; the backward from 0.65 of it, 24 rows,
+    cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17; the backward from 0.58 of it, 21 rows,
     not 20) in chunks of at most 10240 (session35-probes/probe180-D.log, probe182-F.log; not 32x163841 or
     24x200000). Not where coop holds
     the rows otherwise (16x262144, 64x65536, 32x131072: coop's clusters), not for many rows, the 512K bucket, rows

@@ -155,9 +155,12 @@ SMEM_FP32_CLUSTER_BWD_MAX_CHUNK = 10240
 # probe179-C.log), 24x200000 (chunks of 13 x 1024: 1.007x), 20x262144 (16 x 1024: 0.902x). Backward (probe182-F.log,
 # against coop-bwd): where coop-bwd runs ticketed, 32x152064 2975 / 2708, 24x152064 2781 / 2440, 28x135000 3088 /
 # 2425, 32x163840 3058 / 2774; where it still runs resident it leads: 20x152064 0.921x, 18x152064 0.908x
-# (20x140004 1.018x), hence the higher share.
+# (20x140004 1.018x), hence the higher share. Its 64-row entry (4096-element chunks, 2 warps) stops running resident
+# past ~790 programs (probe183-G.log: 21x152064, 798 programs, ticketed, smem-bwd 1.144x; 22/23 rows 1.123/1.134x):
+# 0.58 of coop's hold (3.14M elements) puts 21 rows of 152064 (3.19M) on smem-bwd and 20 (3.04M), or 22 of 140004
+# (3.08M: 770 programs), on coop-bwd.
 SMEM_FP32_CLUSTER_HELD_SHARE = 0.5
-SMEM_FP32_CLUSTER_HELD_SHARE_BWD = 0.65
+SMEM_FP32_CLUSTER_HELD_SHARE_BWD = 0.58
 SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK = 10240
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the
 # whole row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory and,
@@ -575,7 +578,7 @@ RULES: tuple[Rule, ...] = (
     Rule("smem", "few fp32 rows from 512K, more than twice what coop holds at once (forward): smem's fp32 chunks "
          "run ahead of coop's and split's", smem_few_fp32_rows),
     Rule("smem", "few fp32 rows of 32K-256K, more than coop holds at once (CTA clusters; backward up to 160K; "
-         "rows of 128K-160K from a half, backward 0.65, of it): 16 chunks a row in shared memory, one cluster a "
+         "rows of 128K-160K from a half, backward 0.58, of it): 16 chunks a row in shared memory, one cluster a "
          "row; the backward of many such rows up to 160K, in chunks of 8K-10K",
          lambda s: smem_fp32_cluster_config(s) is not None),
     Rule("coop", "few long rows, all on chip at once (or read once, fp32 or backward): one cooperative launch",
