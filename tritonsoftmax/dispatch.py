@@ -471,13 +471,12 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     """For fp32 rows of the SMEM_FP32_CLUSTER_MIN_N to MAX_N buckets that smem takes and coop would run ticketed: few
     rows holding more than coop does at once, SMEM_FP32_CLUSTER_CHUNKS chunks a row (rows past the 131072 bucket:
     from SMEM_FP32_CLUSTER_HELD_SHARE of it, backward SMEM_FP32_CLUSTER_HELD_SHARE_BWD, in chunks of at most
-    SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK: coop runs those in more chunks than a cluster takes); many rows (backward
-    only),
-    chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes more. Chunks in
-    whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster mode, for this N,
-    where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks of at most
-    SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, and of few rows only rows on 16-byte boundaries (odd rows in smem's
-    odd-row form: 64x100003 0.935 x coop-bwd, session33-probes/probe172-D.log). Else None."""
+    SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK: coop runs those in more chunks than a cluster takes); many rows
+    (backward only), chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes
+    more. Chunks in whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster
+    mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks
+    of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, and of few rows only rows on 16-byte boundaries (odd rows in
+    smem's odd-row form: 64x100003 0.935 x coop-bwd, session33-probes/probe172-D.log). Else None."""
     from .kernels import coop
 
     few = few_rows(s)
