@@ -418,9 +418,8 @@ def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
     """The backward of few fp32 rows past what coop-bwd holds at once (rows past 128K from 0.58 of it: 32x152064,
-    28x135000), and of many rows up to 160K (odd 50257 in the
-    odd-row form), chunks of at most 10240 elements (dispatch.smem_fp32_cluster_config): smem-bwd in cluster mode
-    through the plan, LEAD off 128-byte lines."""
+    28x135000), and of many rows up to 160K (odd 50257 in the odd-row form), chunks of at most 10240 elements
+    (dispatch.smem_fp32_cluster_config): smem-bwd in cluster mode through the plan, LEAD off 128-byte lines."""
     from tritonsoftmax import dispatch
 
     x = random_input((M, N), torch.float32, DEVICE, seed=M * N)

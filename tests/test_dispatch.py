@@ -296,10 +296,10 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
     1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log); the backward too where
     the chunks hold at most 10240 elements (probe169.log). Rows past the 131072 bucket (coop's 8K chunks more than a
     cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17; the backward from 0.58 of it, 21 rows,
-    not 20) in chunks of at most 10240 (session35-probes/probe180-D.log, probe182-F.log; not 32x163841 or
-    24x200000). Not where coop holds
-    the rows otherwise (16x262144, 64x65536, 32x131072: coop's clusters), not for many rows, the 512K bucket, rows
-    that are no whole 16-byte vectors, 16-bit rows, or GPUs without clusters."""
+    not 20) in chunks of at most 10240 (session35-probes/probe180-D.log, probe182-F.log, probe183-G.log; not
+    32x163841 or 24x200000). Not where coop holds the rows otherwise (16x262144, 64x65536, 32x131072: coop's
+    clusters), not for many rows, the 512K bucket, rows that are no whole 16-byte vectors, 16-bit rows, or GPUs
+    without clusters."""
     shape = dispatch.Shape(M, N, torch.float32, SM90)
     config = dispatch.smem_fp32_cluster_config(shape)
     if want is None:
