@@ -480,18 +480,18 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     from .kernels import coop
 
     few = few_rows(s)
-    held = coop_holds_all(s)
-    share = SMEM_FP32_CLUSTER_HELD_SHARE_BWD if s.backward else SMEM_FP32_CLUSTER_HELD_SHARE
-    wide = n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES) and not coop_holds_all(s, share)
     if not (s.dtype.itemsize >= 4 and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
-            and (few or s.backward) and not (few and held and not wide) and smem_takes(s)):
+            and (few or s.backward) and smem_takes(s)):
         return None
     g = SMEM_FP32_CLUSTER_CHUNKS
     if not few:
         g = min(g, triton.cdiv(s.N, SMEM_FP32_MANY_ROWS_BWD_CHUNK))
     tiles = triton.cdiv(triton.cdiv(s.N, g), SMEM_FP32_CLUSTER_BLOCK)
-    if few and held and tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK:
-        return None
+    if few and coop_holds_all(s):  # only rows whose coop chunks are more than a cluster takes, from a share of it
+        share = SMEM_FP32_CLUSTER_HELD_SHARE_BWD if s.backward else SMEM_FP32_CLUSTER_HELD_SHARE
+        if not (n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES) and not coop_holds_all(s, share)
+                and tiles * SMEM_FP32_CLUSTER_BLOCK <= SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK):
+            return None
     if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or (few and not s.aligned)):
         return None
     config = LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
