@@ -664,7 +664,7 @@ def whole_chunks(problem: RowProblem, config: LaunchConfig | None, align: int, e
     if config is None:
         return 0
     meta = dict(config.meta)
-    return int(meta.get("TILES") == 1 and not meta.get("EXTRA") and align == 1 and problem.N % meta["BLOCK"] == 0
+    return int(meta.get("TILES") == 1 and align == 1 and problem.N % meta["BLOCK"] == 0
                and element_size == FULL_ELEMENT_BYTES)
 
 
@@ -892,9 +892,9 @@ def family_launchers(family: Family, bwd_family: Family):
 
 
 def chunks(N: int, meta: dict) -> int:
-    """G: programs (chunks of TILES x BLOCK elements, plus a coop config's EXTRA) per row for a split, coop or
-    smem config; a smem config's LEAD adds to the row (its chunks start up to LEAD elements before it)."""
-    return triton.cdiv(N + meta.get("LEAD", 0), meta["BLOCK"] * meta["TILES"] + meta.get("EXTRA", 0))
+    """G: programs (chunks of TILES x BLOCK elements) per row for a split, coop or smem config; a smem
+    config's LEAD adds to the row (its chunks start up to LEAD elements before it)."""
+    return triton.cdiv(N + meta.get("LEAD", 0), meta["BLOCK"] * meta["TILES"])
 
 
 def chunk_grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:

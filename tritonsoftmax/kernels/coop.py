@@ -328,9 +328,9 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0, EXTRA: tl.constexpr = 0,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0,
 ):
-    """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK + EXTRA) programs of a row cooperating.
+    """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
     ws_ptr: float32, 2 words per program (ticket t: ws[2t] = chunk max, ws[2t + 1] = sum of
@@ -352,18 +352,15 @@ def _softmax_coop_fwd_kernel(
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
-    EXTRA: 0, or (held chunks, TILES 1) the width of a second held tile after the BLOCK-wide one, so a chunk
-    of BLOCK + EXTRA elements (a power of two and a smaller one) is held in registers: G needs not be a
-    power of two (held_chunk_configs).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
-    G = tl.cdiv(N, TILES * BLOCK + EXTRA)
+    G = tl.cdiv(N, TILES * BLOCK)
     started = cluster_arrive() if CLUSTER else 0
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT or CLUSTER)
     row = ticket // G
     chunk = ticket % G
-    first = chunk * (TILES * BLOCK + EXTRA)
+    first = chunk * (TILES * BLOCK)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
@@ -371,7 +368,6 @@ def _softmax_coop_fwd_kernel(
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
     tl.static_assert(BLOCK % ALIGN == 0, "a chunk must hold whole ALIGN-element groups")
     tl.static_assert(not FULL or (TILES == 1 and ALIGN == 1), "FULL: held chunks on the plain path only")
-    tl.static_assert(EXTRA == 0 or (TILES == 1 and not FULL), "EXTRA: a second held tile, masked")
     if TILES == 1:
         mask = None if FULL else tile_mask(first + offs, N, lo, hi, ALIGN)
         z = load_scaled(x_row + (first + offs) * stride_x_col, mask, scale)
@@ -380,17 +376,9 @@ def _softmax_coop_fwd_kernel(
         else:
             z_e = load_scaled(x_row + pos_e, mask_e, scale)
             m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
-        if EXTRA > 0:
-            offs_x = BLOCK + tl.arange(0, EXTRA)
-            mask_x = tile_mask(first + offs_x, N, lo, hi, ALIGN)
-            z_x = load_scaled(x_row + (first + offs_x) * stride_x_col, mask_x, scale)
-            m = tl.maximum(m, tl.max(z_x, axis=0))
         m_ref = tl.where(m == NEG_INF, 0.0, m)
         e = exp(z - m_ref)
         s = tl.sum(e, axis=0)
-        if EXTRA > 0:
-            e_x = exp(z_x - m_ref)
-            s += tl.sum(e_x, axis=0)
         if ALIGN > 1:
             e_e = exp(z_e - m_ref)
             s += tl.sum(e_e, axis=0)
@@ -405,9 +393,6 @@ def _softmax_coop_fwd_kernel(
         if TILES == 1:
             y = held_output(z, e, m, m_r, s_r, LOG, ZERO_MASKED)
             tl.store(y_row + (first + offs) * stride_y_col, y.to(y_ptr.dtype.element_ty), mask=mask)
-            if EXTRA > 0:
-                y_x = held_output(z_x, e_x, m, m_r, s_r, LOG, ZERO_MASKED)
-                tl.store(y_row + (first + offs_x) * stride_y_col, y_x.to(y_ptr.dtype.element_ty), mask=mask_x)
             if ALIGN > 1:
                 y_e = held_output(z_e, e_e, m, m_r, s_r, LOG, ZERO_MASKED)
                 tl.store(y_row + pos_e, y_e.to(y_ptr.dtype.element_ty), mask=mask_e)
@@ -630,11 +615,6 @@ class CoopLaunch:
         if next_power_of_2(g) > self.config["BLOCK_G"]:
             raise ValueError(f"coop config {self.config}: BLOCK_G must be >= the {g} chunks of a "
                              f"{problem.N}-element row")
-        extra = dict(self.config.meta).get("EXTRA", 0)
-        if extra and (family.kernel is not _softmax_coop_fwd_kernel or self.config["TILES"] != 1
-                      or extra != next_power_of_2(extra) or extra >= self.config["BLOCK"]):
-            raise ValueError(f"{family.name} config {self.config}: EXTRA (a held chunk's second tile) is the "
-                             f"coop forward's, with TILES 1 and a power of two below BLOCK")
         flags = dict(flags or {})
         # What the kernels run: the config, or with depart's PER_WORD a BLOCK_G of at least the
         # program's threads (no lane of the exchange replicated); __call__ returns the config.
