@@ -444,10 +444,11 @@ def _softmax_coop_bwd_kernel(
         mask = tile_mask(first + offs, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + (first + offs) * stride_g_col, mask)
         y = load_f32(y_ptr + g_row + (first + offs) * stride_g_col, mask)
-        part = tl.sum(grad_term(dy, y, LOG), axis=0)
-        if ALIGN > 1:
+        if ALIGN > 1:  # loaded before the first sum: its barrier would hold these loads back a round trip
             dy_e = load_f32(dy_ptr + g_row + pos_e, mask_e)
             y_e = load_f32(y_ptr + g_row + pos_e, mask_e)
+        part = tl.sum(grad_term(dy, y, LOG), axis=0)
+        if ALIGN > 1:
             part += tl.sum(grad_term(dy_e, y_e, LOG), axis=0)
     else:
         part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN)
