@@ -281,6 +281,21 @@ def test_coop_refuses_more_programs_a_row_than_can_run_together():
     coop.FAMILY.prepare(matrix_problem(x, x), config, SM90, two_phase=True)  # no waiting: any G
 
 
+@pytest.mark.parametrize("M,N,fwd_block,bwd_block", [
+    (1, 300000, 4096, 4096), (1, 524288, 4096, 4096), (2, 524288, 4096, 4096), (8, 524288, 8192, 8192),
+    (1, 1048576, 8192, 2048), (2, 1048576, 8192, 4096), (1, 152064, 2048, 2048), (1, 2097152, 4096, 4096)])
+def test_coop_heuristic_holds_what_it_can_without_a_second_read(M, N, fwd_block, bwd_block):
+    """Few rows would want narrow chunks (COOP_PROGRAMS_PER_SM programs an SM), but a row that fits in max_chunks
+    chunks of COOP_CHUNK / held tensors elements is held (TILES 1) rather than cut narrower and read twice; the
+    backward holds dy and y, so its chunks stop at half (1x1048576: 2048 x 4 tiles). 1x2097152 fits nowhere."""
+    from test_dispatch import SM90
+
+    fwd, bwd = coop._heuristic(SM90, M, N), coop._bwd_heuristic(SM90, M, N)
+    assert (fwd["BLOCK"], bwd["BLOCK"]) == (fwd_block, bwd_block)
+    for config in (fwd, bwd):
+        fits = config["BLOCK"] * SM90.sm_count >= N
+        assert (config["TILES"] == 1) == fits, config
+
 @pytest.mark.parametrize("impl", FAMILY_NAMES)
 def test_inputs_near_the_float32_limit(impl):
     """Values within float32's range but past what x * log2(e) can hold (> 2.36e38): one element of 3e38, a

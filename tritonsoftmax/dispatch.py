@@ -106,7 +106,9 @@ SMEM_MIN_SM = 80
 # 1x2097152 2155 / 1866 (split 1900). Where coop holds everything and reads once it stays ahead or
 # level (4x1048576 coop 2390, smem 2241; 8x524288 2401 / 2286; 4x524288 2103 / 2108), and so it does
 # for shorter rows (4096 down to 1 rows of 65536-262144: smem within -4 % to +6 % of coop, e.g.
-# 2048x262144 4181 / 4228, 8x131072 1448 / 1484).
+# 2048x262144 4181 / 4228, 8x131072 1448 / 1484). Since session 36 coop's heuristic holds one or two rows of the
+# 512K bucket in 4096-element chunks where it re-read 1024-2048-element ones (coop._chunk), and its held backward
+# leads smem's by 1-2 % there (session36-probes/probe190-G.log: fp32 1x524288 4.39 / 4.48 us, 2x524288 5.76 / 5.82).
 # Few fp32 rows of this bucket or longer go to smem in the forward too, once they hold more than
 # SMEM_FP32_FEW_ROWS_BEYOND times what coop holds at once (10.8M elements on the H200). H200, session 13
 # (session13-probes/probe55.log, one process, GB/s, smem against the rule before it, coop or split):

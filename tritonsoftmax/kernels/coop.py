@@ -536,11 +536,24 @@ def with_cluster_mode(config: LaunchConfig, N: int, device: DeviceInfo) -> list[
     return [config, clustered] if cluster_mode(clustered, chunks(N, dict(config.meta)), device, False) else [config]
 
 
-def _chunk(device: DeviceInfo, M: int, N: int) -> int:
+def _chunk(device: DeviceInfo, M: int, N: int, tensors: int = 1) -> int:
     """COOP_CHUNK elements a program, narrower (down to 1024) when M rows would give fewer than
-    COOP_PROGRAMS_PER_SM programs per SM."""
+    COOP_PROGRAMS_PER_SM programs per SM; but where a row fits in max_chunks chunks of at most COOP_CHUNK / tensors
+    elements (the forward holds x, the backward dy and y), never narrower than that: narrower chunks would need more
+    than max_chunks programs a row and so be read twice (TILES > 1).
+
+    H200, kernel time, the new cut against the old one (bench/results/h200/session36-probes/probe190-G.log, one
+    process, us): forward bf16 1x524288 4.18 / 6.05 (4096 x 1 against 1024 x 4 tiles), 2x524288 4.54 / 5.31, 1x300000
+    3.51 / 5.51, fp16 2x524288 4.51 / 5.30, fp32 1x524288 4.41 / 6.07, 2x524288 5.36 / 5.93; fp32 backward (coop-bwd
+    held, where smem-bwd ran before: dispatch.coop_rereads) 1x524288 4.39 / 4.48, 2x524288 5.76 / 5.82, 1x300000
+    3.47 / 3.59. Holding 8192-element chunks of both dy and y lost: fp32 1x1048576 backward 6.67 against smem-bwd's
+    6.01, hence the backward's half."""
+    nb = n_bucket(N)
     want = COOP_PROGRAMS_PER_SM * device.sm_count
-    block = max(BLOCKS[0], min(COOP_CHUNK, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
+    block = max(BLOCKS[0], min(COOP_CHUNK, next_power_of_2(triton.cdiv(max(M, 1) * nb, want))))
+    held = next_power_of_2(triton.cdiv(nb, max_chunks(device)))
+    if held * tensors <= COOP_CHUNK:
+        block = max(block, held)
     return min(block, max(BLOCKS[0], next_power_of_2(N)))
 
 
@@ -552,7 +565,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
 
 def _bwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     """Backward (two tensors held): 8 warps for a full chunk (4096x65536 fp32 3818 GB/s), 4 below."""
-    block = _chunk(device, M, N)
+    block = _chunk(device, M, N, tensors=2)
     return shape_config(device, N, block, 8 if block >= COOP_CHUNK else 4)
 
 
