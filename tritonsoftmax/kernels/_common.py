@@ -277,27 +277,17 @@ def tile_mask(cols, N, lo, hi, ALIGN: tl.constexpr):
 
 @triton.jit
 def tiles_max_sum(x_row, stride_col, scale, first, N, lo, hi, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr,
-                  ALIGN: tl.constexpr, PAIRED: tl.constexpr = 0):
+                  ALIGN: tl.constexpr):
     """(max m, sum exp(z - m)) over the tiles, folded with online_update (an all -inf stretch gives
-    m = -inf, s = 0). HINTS: mark the tiles to be kept in L2 for the write pass. PAIRED: load the tiles two
-    at a time, both before the first fold (whose reductions' barriers would hold the second load back)."""
+    m = -inf, s = 0). HINTS: mark the tiles to be kept in L2 for the write pass."""
     tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    if PAIRED:
-        for t in range(0, TILES, 2):
-            cols = first + t * BLOCK + offs
-            z = load_scaled(x_row + cols * stride_col, tile_mask(cols, N, lo, hi, ALIGN), scale, KEEP * HINTS)
-            z_b = load_scaled(x_row + (cols + BLOCK) * stride_col,
-                              tile_mask(cols + BLOCK, N, lo, hi, ALIGN) & (t + 1 < TILES), scale, KEEP * HINTS)
-            m, s = online_update(m, s, z)
-            m, s = online_update(m, s, z_b)
-    else:
-        for t in range(0, TILES):
-            cols = first + t * BLOCK + offs
-            z = load_scaled(x_row + cols * stride_col, tile_mask(cols, N, lo, hi, ALIGN), scale, KEEP * HINTS)
-            m, s = online_update(m, s, z)
+    for t in range(0, TILES):
+        cols = first + t * BLOCK + offs
+        z = load_scaled(x_row + cols * stride_col, tile_mask(cols, N, lo, hi, ALIGN), scale, KEEP * HINTS)
+        m, s = online_update(m, s, z)
     return m, s
 
 

@@ -328,7 +328,7 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0, PAIRED: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -352,7 +352,6 @@ def _softmax_coop_fwd_kernel(
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
-    PAIRED: TILES > 1 loads the chunk's tiles two at a time in the first read (tiles_max_sum).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -384,7 +383,7 @@ def _softmax_coop_fwd_kernel(
             e_e = exp(z_e - m_ref)
             s += tl.sum(e_e, axis=0)
     else:
-        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN, PAIRED)
+        m, s = tiles_max_sum(x_row, stride_x_col, scale, first, N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
         if ALIGN > 1:
             m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)
     gs = tl.arange(0, BLOCK_G)

@@ -61,7 +61,7 @@ def _softmax_split_stats_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, PAIRED: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
@@ -73,8 +73,7 @@ def _softmax_split_stats_kernel(
     the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec). PAIRED: the tiles loaded two
-    at a time (tiles_max_sum).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -85,8 +84,7 @@ def _softmax_split_stats_kernel(
     x_base, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                     stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
-    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, lo, hi, BLOCK, TILES, HINTS, ALIGN,
-                         PAIRED)
+    m, s = tiles_max_sum(x_row, stride_x_col, scale, g * (TILES * BLOCK), N, lo, hi, BLOCK, TILES, HINTS, ALIGN)
     if ALIGN > 1:  # chunk 0 owns the row's head group, chunk G - 1 its tail group
         m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, g == 0, g == G - 1, ALIGN)
     tl.store(ws_ptr + 2 * pid, m)
@@ -102,12 +100,11 @@ def _softmax_split_write_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, PAIRED: tl.constexpr = 1,
+    VEC: tl.constexpr = 1,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
-    Arguments as in pass 1 (PAIRED unused here); BLOCK_G >= G (power of two); LOG, ZERO_MASKED as in the fused
-    kernel.
+    Arguments as in pass 1; BLOCK_G >= G (power of two); LOG, ZERO_MASKED as in the fused kernel.
     s_r = sum over chunks of s_g * exp(m_g - m_r), an all -inf chunk adding 0. A row of all -inf
     has m_r = -inf and gives NaN, like torch (0 with ZERO_MASKED). Tiles are written last first;
     a one-tile chunk (TILES == 1) is loaded before the partials are read (and, with PDL, before
