@@ -296,6 +296,7 @@ def test_coop_heuristic_holds_what_it_can_without_a_second_read(M, N, fwd_block,
         fits = config["BLOCK"] * SM90.sm_count >= N
         assert (config["TILES"] == 1) == fits, config
 
+
 @pytest.mark.parametrize("impl", FAMILY_NAMES)
 def test_inputs_near_the_float32_limit(impl):
     """Values within float32's range but past what x * log2(e) can hold (> 2.36e38): one element of 3e38, a
