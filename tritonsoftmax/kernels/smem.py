@@ -132,6 +132,27 @@ def _edge_lanes(first, lo, hi, CHUNK: gl.constexpr, VEC: gl.constexpr, layout: g
 
 
 @gluon.jit
+def _row_window(in_ptr, row, INNER, stride_in_outer, stride_in_inner, stride_out_outer, stride_out_inner, chunk, N,
+                CHUNK: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr, VEC_OUT: gl.constexpr,
+                layout: gl.constexpr):
+    """Where row ``row`` lies for the program holding chunk ``chunk`` (CHUNK elements) of it, as element offsets from
+    the input's base pointer ``in_ptr`` (16-byte aligned; VEC elements a 16-byte vector) and the output's (VEC_OUT).
+    Returns (in_row, out_row, lead, lo, hi, first, edge_cols, edge_lanes) as _odd_row does for odd rows (LEAD not a
+    multiple of VEC). Other rows: their own offsets, with the strides and N written as whole 16-byte vectors so that
+    the compiler knows the copies and stores 16 bytes wide (SmemLaunch checks they are); lo .. hi - 1 the whole row;
+    first the chunk's start less _line_lead; lead, edge_cols and edge_lanes 0 (odd rows only)."""
+    if LEAD % VEC != 0:
+        gl.static_assert(VEC == VEC_OUT, "an odd row's output has the input's element size")
+        return _odd_row(in_ptr, row_offsets(row, INNER, stride_in_outer, stride_in_inner),
+                        row_offsets(row, INNER, stride_out_outer, stride_out_inner), chunk, N, CHUNK, LEAD, VEC, layout)
+    else:
+        in_row = row_offsets(row, INNER, (stride_in_outer // VEC) * VEC, (stride_in_inner // VEC) * VEC)
+        out_row = row_offsets(row, INNER, (stride_out_outer // VEC_OUT) * VEC_OUT,
+                              (stride_out_inner // VEC_OUT) * VEC_OUT)
+        return in_row, out_row, 0, 0, (N // VEC) * VEC, chunk * CHUNK - _line_lead(in_ptr + in_row, LEAD, VEC), 0, 0
+
+
+@gluon.jit
 def _line_lead(row_ptr, LEAD: gl.constexpr, VEC: gl.constexpr):
     """Elements between the line of LEAD + VEC elements (line_lead: LINE_BYTES) that holds the row's first
     element and that element (0 without LEAD): a multiple of VEC, at most LEAD (row_ptr is 16-byte aligned,
@@ -300,23 +321,13 @@ def _softmax_smem_fwd_kernel(
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    if ODD:
-        # The row is positions lead .. lead + N - 1 of a window that starts on its first element's line; the tiles
-        # hold its whole vectors, lo .. hi - 1, and the edge lanes its partial vectors' elements.
-        gl.static_assert(VEC == VEC_Y, "an odd row's output has the input's element size")
-        x_win, y_win, lead, lo, hi, first, e_cols, e_lanes = _odd_row(
-            x_ptr, row_offsets(row, INNER, stride_x_outer, stride_x_inner),
-            row_offsets(row, INNER, stride_y_outer, stride_y_inner), chunk, N, TILES * BLOCK, LEAD, VEC, part_layout)
-        x_row = x_ptr + x_win
-        y_row = y_ptr + y_win
-    else:
-        # Equal to N and the strides (SmemLaunch checks), written so that the compiler knows them to be
-        # whole 16-byte vectors: the copies need it, and the stores are 16 bytes wide with it.
-        lo = 0
-        hi = (N // VEC) * VEC
-        x_row = x_ptr + row_offsets(row, INNER, (stride_x_outer // VEC) * VEC, (stride_x_inner // VEC) * VEC)
-        y_row = y_ptr + row_offsets(row, INNER, (stride_y_outer // VEC_Y) * VEC_Y, (stride_y_inner // VEC_Y) * VEC_Y)
-        first = chunk * (TILES * BLOCK) - _line_lead(x_row, LEAD, VEC)
+    # An odd row is positions lead .. lead + N - 1 of a window that starts on its first element's line; the tiles
+    # hold its whole vectors, lo .. hi - 1, and the edge lanes its partial vectors' elements.
+    x_win, y_win, lead, lo, hi, first, e_cols, e_lanes = _row_window(
+        x_ptr, row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, chunk, N, TILES * BLOCK,
+        LEAD, VEC, VEC_Y, part_layout)
+    x_row = x_ptr + x_win
+    y_row = y_ptr + y_win
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
     for t in gl.static_range(TILES):
@@ -391,17 +402,9 @@ def _softmax_smem_bwd_kernel(
     part_layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     started = cluster_arrive() if CLUSTER else 0
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
-    if ODD:  # as in the forward
-        gl.static_assert(VEC == VEC_D, "an odd row's dx has dy's element size")
-        g_row, d_row, lead, lo, hi, first, e_cols, e_lanes = _odd_row(
-            dy_ptr, row_offsets(row, INNER, stride_g_outer, stride_g_inner),
-            row_offsets(row, INNER, stride_d_outer, stride_d_inner), chunk, N, TILES * BLOCK, LEAD, VEC, part_layout)
-    else:
-        lo = 0
-        hi = (N // VEC) * VEC  # N and the strides as whole 16-byte vectors, as in the forward
-        g_row = row_offsets(row, INNER, (stride_g_outer // VEC) * VEC, (stride_g_inner // VEC) * VEC)
-        d_row = row_offsets(row, INNER, (stride_d_outer // VEC_D) * VEC_D, (stride_d_inner // VEC_D) * VEC_D)
-        first = chunk * (TILES * BLOCK) - _line_lead(dy_ptr + g_row, LEAD, VEC)
+    g_row, d_row, lead, lo, hi, first, e_cols, e_lanes = _row_window(  # as in the forward
+        dy_ptr, row, INNER, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, chunk, N, TILES * BLOCK,
+        LEAD, VEC, VEC_D, part_layout)
     dyb = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     yb = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
