@@ -404,7 +404,7 @@ def coop_fits_at_once(s: Shape) -> bool:
 
 def coop_rereads(s: Shape) -> bool:
     """Coop's heuristic config for the shape reads its chunks twice (TILES > 1: the row needs more
-    chunks than max_chunks allows at the width its row count asks for)."""
+    chunks than max_chunks allows even at the widest chunk coop._chunk holds, COOP_CHUNK / held tensors)."""
     from .kernels import coop
 
     fam = coop.BWD_FAMILY if s.backward else coop.FAMILY
