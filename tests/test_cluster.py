@@ -15,7 +15,7 @@ from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import _common, coop, gluon_available
 from tritonsoftmax.kernels.cluster import MBAR_BYTES, SLOT_BYTES
-from tritonsoftmax.layout import matrix_problem
+from tritonsoftmax.layout import matrix_problem, whole_vectors
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 
@@ -426,7 +426,7 @@ def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
     y = (torch.log_softmax if log else torch.softmax)(x, -1)
     dy = random_input((M, N), torch.float32, DEVICE, seed=M + 1)
     dx = poisoned_like(x)
-    p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, N % 4 == 0, True)
+    p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, whole_vectors(N, 4), True)
     launch = p.family.prepare(matrix_problem(dy, dx), p.config, p.device, p.from_store, {"LOG": int(log)})
     launch(dy, dx, y, 1.0)
     assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error

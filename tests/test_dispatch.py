@@ -9,7 +9,7 @@ from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, gluon_available
 from tritonsoftmax.kernels._common import chunks
-from tritonsoftmax.layout import matrix_problem
+from tritonsoftmax.layout import matrix_problem, whole_vectors
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
@@ -328,7 +328,7 @@ def test_the_backward_of_many_fp32_rows_of_32k_to_160k_goes_to_smem_clusters(M, 
     """Many fp32 rows (backward, dispatch.smem_fp32_cluster_config): chunks of 8K, 16 a row where that takes more, up
     to 16 x 10240 elements (session34-probes/probe177-F.log); odd rows too; not the forward, 16-bit rows or GPUs
     without clusters, nor rows past 160K or in the 32K bucket (fused's and coop's rules)."""
-    aligned = N % 4 == 0
+    aligned = whole_vectors(N, 4)
     shape = dispatch.Shape(M, N, torch.float32, SM90, True, aligned, True)
     config = dispatch.smem_fp32_cluster_config(shape)
     if want is None:

@@ -133,15 +133,15 @@ def _edge_lanes(first, lo, hi, CHUNK: gl.constexpr, VEC: gl.constexpr, layout: g
 
 @gluon.jit
 def _row_window(in_ptr, row, INNER, stride_in_outer, stride_in_inner, stride_out_outer, stride_out_inner, chunk, N,
-                CHUNK: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr, VEC_OUT: gl.constexpr,
+                CHUNK: gl.constexpr, LEAD: gl.constexpr, ODD: gl.constexpr, VEC: gl.constexpr, VEC_OUT: gl.constexpr,
                 layout: gl.constexpr):
     """Where row ``row`` lies for the program holding chunk ``chunk`` (CHUNK elements) of it, as element offsets from
     the input's base pointer ``in_ptr`` (16-byte aligned; VEC elements a 16-byte vector) and the output's (VEC_OUT).
-    Returns (in_row, out_row, lead, lo, hi, first, edge_cols, edge_lanes) as _odd_row does for odd rows (LEAD not a
-    multiple of VEC). Other rows: their own offsets, with the strides and N written as whole 16-byte vectors so that
-    the compiler knows the copies and stores 16 bytes wide (SmemLaunch checks they are); lo .. hi - 1 the whole row;
-    first the chunk's start less _line_lead; lead, edge_cols and edge_lanes 0 (odd rows only)."""
-    if LEAD % VEC != 0:
+    Returns (in_row, out_row, lead, lo, hi, first, edge_cols, edge_lanes) as _odd_row does for odd rows (ODD: the
+    kernels' LEAD % VEC != 0). Other rows: their own offsets, with the strides and N written as whole 16-byte
+    vectors so that the compiler knows the copies and stores 16 bytes wide (SmemLaunch checks they are); lo .. hi - 1
+    the whole row; first the chunk's start less _line_lead; lead, edge_cols and edge_lanes 0 (odd rows only)."""
+    if ODD:
         gl.static_assert(VEC == VEC_OUT, "an odd row's output has the input's element size")
         return _odd_row(in_ptr, row_offsets(row, INNER, stride_in_outer, stride_in_inner),
                         row_offsets(row, INNER, stride_out_outer, stride_out_inner), chunk, N, CHUNK, LEAD, VEC, layout)
@@ -325,7 +325,7 @@ def _softmax_smem_fwd_kernel(
     # hold its whole vectors, lo .. hi - 1, and the edge lanes its partial vectors' elements.
     x_win, y_win, lead, lo, hi, first, e_cols, e_lanes = _row_window(
         x_ptr, row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, chunk, N, TILES * BLOCK,
-        LEAD, VEC, VEC_Y, part_layout)
+        LEAD, ODD, VEC, VEC_Y, part_layout)
     x_row = x_ptr + x_win
     y_row = y_ptr + y_win
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -404,7 +404,7 @@ def _softmax_smem_bwd_kernel(
     G, ticket, row, chunk = _ticket_chunk(sync_ptr, M, N, TILES, BLOCK, PHASE, RESIDENT or CLUSTER, LEAD)
     g_row, d_row, lead, lo, hi, first, e_cols, e_lanes = _row_window(  # as in the forward
         dy_ptr, row, INNER, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, chunk, N, TILES * BLOCK,
-        LEAD, VEC, VEC_D, part_layout)
+        LEAD, ODD, VEC, VEC_D, part_layout)
     dyb = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     yb = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     offs = gl.arange(0, BLOCK, layout=tile_layout)
