@@ -357,6 +357,73 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
         assert re.findall(r"\.maxnreg (\d+)", got["ptx"]) == ([str(cap)] if nw == 4 else []), "4 warps: the cap"
 
 
+def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
+    """STAGGER (staggered) adds one %clock64 wait loop before the copies, whose 0 the late rows' window takes, so
+    that the compiler still knows the copies 16 bytes wide (an offset it cannot see through made them 4-byte
+    copies, offline, session 37); without it the kernel has no such loop."""
+    import json
+
+    from compile_scripts import run_compile_script
+
+    meta = {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 16, "CLUSTER": 1}
+    cases = [["fwd", "fp32", "fp32", {**meta, "STAGGER": stagger}, 4, {}, {"maxnreg": 96}] for stagger in (5000, 0)]
+    staggered, plain = run_compile_script("smem_compile.py", json.dumps(cases))
+    vectors = 10 * 1024 * 32 // 128 // 128
+    for got, loops in ((staggered, 1), (plain, 0)):
+        ptx = got["ptx"]
+        assert len(re.findall(COPY, ptx)) == vectors and not re.search(r"cp\.async\.ca", ptx)
+        assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == vectors
+        assert ptx.count("%clock64") == 2 * loops and ptx.count("nanosleep") == loops
+        assert ptx.find("%clock64") < ptx.find("cp.async") or not loops
+
+
+@pytest.mark.parametrize("dtype,M,N,cycles", [
+    (torch.float32, 32, 152064, 5000),    # 0.73 of a wave; 9.7 MB early: capped
+    (torch.float32, 24, 152064, 4000),
+    (torch.bfloat16, 48, 152064, 4000),
+    (torch.bfloat16, 16, 524288, 4500),   # resident, not a cluster: the wait does not care
+    (torch.bfloat16, 96, 65536, 3000),
+    (torch.float32, 64, 152064, None),    # 1.45 waves
+    (torch.float32, 48, 131072, None),    # 0.97 of a wave
+    (torch.bfloat16, 8, 1048576, None),   # 0.97 of a wave (8 programs an SM under the cap of 64)
+    (torch.bfloat16, 4096, 16384, None),  # many waves
+], ids=str)
+def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, cycles):
+    """staggered, through dispatched_form (what auto runs): STAGGER where the launch fills at most
+    STAGGER_MAX_WAVE of what the SMs hold, the early half's bytes over STAGGER_BYTES_PER_CYCLE in whole
+    STAGGER_STEPs, capped; never for the backward."""
+    mod = smem()
+    x = torch.empty(M, N, dtype=dtype, device="meta")
+    problem = matrix_problem(x, x)
+    rule = dispatch.choose(M, N, dtype, SM90, False, True, True)
+    assert rule.impl == "smem"
+    shape = dispatch.Shape(M, N, dtype, SM90, False, True, True)
+    entry = dispatch.stored(SM90, mod.FAMILY, dtype, N, M)
+    config = dispatch.ruled_config("smem", shape) or (entry.config if entry else mod._heuristic(SM90, M, N))
+    got = mod.FAMILY.dispatched_form(problem, config, SM90)
+    assert dict(got.meta).get("STAGGER") == cycles, got
+    assert "STAGGER" not in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
+
+
+def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
+    """staggered leaves alone what it cannot count (no register cap: 8 warps), a single row (no late half), AMD, and
+    launches whose early half reads in under STAGGER_MIN_CYCLES."""
+    mod = smem()
+    capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
+
+    def problem(M, N, dtype=torch.float32):
+        x = torch.empty(M, N, dtype=dtype, device="meta")
+        return matrix_problem(x, x)
+
+    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER"] == 5000
+    assert mod.staggered(capped, problem(32, 152064), GFX942) == capped
+    uncapped = LaunchConfig.make(8, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
+    assert mod.staggered(uncapped, problem(32, 152064), SM90) == uncapped
+    assert mod.staggered(capped, problem(1, 152064), SM90) == capped
+    small = LaunchConfig.make(4, options={"maxnreg": 64}, BLOCK=1024, TILES=2, BLOCK_G=16, CLUSTER=1)
+    assert mod.staggered(small, problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
+
+
 @pytest.mark.parametrize("tiles,block,itemsize,held,cap", [
     (13, 1024, 2, 1, 64),   # 26 KB: 8 programs an SM by shared memory, 8 by 64 registers
     (4, 2048, 2, 1, 64),    # 16 KB: 13 by shared memory; the cap never goes under 64
@@ -569,6 +636,27 @@ def test_matches_float64(M, N, dtype):
     launch(x, y, 1.0)
     assert launch.fallbacks == 0
     assert_softmax_close(y, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,M,N", [(torch.float32, 24, 152064), (torch.bfloat16, 48, 152064),
+                                       (torch.float16, 16, 400000), (torch.bfloat16, 96, 100000)], ids=str)
+def test_staggered_launches_through_auto_match_float64(dtype, M, N):
+    """One-wave shapes whose late rows wait (staggered; 96x100000 bf16 with LEAD, its rows off 128-byte lines),
+    softmax and log_softmax through auto, every element against float64 with the output poisoned first."""
+    x = random_input((M, N), dtype, DEVICE, seed=M + N)
+    plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)
+    assert plan.impl == "smem"
+    launch = plan.family.prepare(matrix_problem(x, x), plan.config, plan.device, plan.from_store, FLAGS)
+    assert launch.config["STAGGER"] > 0, launch.config
+    y = poisoned_like(x)
+    launch(x, y, 1.0)
+    assert launch.fallbacks == 0
+    assert_softmax_close(y, x)
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    want = torch.log_softmax(x.double(), -1)
+    err = (tritonsoftmax.log_softmax(x).double() - want).abs() / want.abs().clamp(min=1)
+    assert err.max().item() <= max(TOL[dtype], 1e-5)
 
 
 @pytest.mark.gpu

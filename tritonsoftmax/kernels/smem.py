@@ -79,6 +79,38 @@ MAX_REGISTERS = 255  # the most registers ptxas gives a thread
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
+STAGGER_MAX_WAVE = 0.8  # staggered: the most of one wave of programs (by registers and shared memory) a launch fills
+STAGGER_BYTES_PER_CYCLE = 1800  # staggered: the early rows' bytes read a cycle (~3.5 TB/s at 1.98 GHz)
+STAGGER_MIN_CYCLES = 1000  # staggered: no wait shorter than this (nothing to overlap) ...
+STAGGER_MAX_CYCLES = 5000  # ... nor longer (past the early rows' reads it only adds time)
+STAGGER_STEP = 500  # waits are whole steps of this many cycles: few compiled variants
+
+# $1: whether to wait (not 0), $2: how many SM cycles (%clock64), napping between looks; $0: 0, for ordering.
+_WAIT_CYCLES = gl.constexpr("""
+    {
+    .reg .pred %tsw_p;
+    .reg .u64 %tsw_t0, %tsw_t1, %tsw_d;
+    setp.ne.u32 %tsw_p, $1, 0;
+    @!%tsw_p bra TSW_DONE_${:uid};
+    mov.u64 %tsw_t0, %clock64;
+    cvt.u64.u32 %tsw_d, $2;
+    TSW_WAIT_${:uid}:
+    nanosleep.u32 64;
+    mov.u64 %tsw_t1, %clock64;
+    sub.u64 %tsw_t1, %tsw_t1, %tsw_t0;
+    setp.lt.u64 %tsw_p, %tsw_t1, %tsw_d;
+    @%tsw_p bra TSW_WAIT_${:uid};
+    TSW_DONE_${:uid}:
+    mov.u32 $0, 0;
+    }
+""")
+
+
+@gluon.jit
+def _wait_cycles(late, cycles):
+    """0, returned once ``cycles`` SM cycles have passed when ``late`` (int32) is not 0, at once otherwise."""
+    return gl.inline_asm_elementwise(_WAIT_CYCLES, "=r,r,r", [late, cycles], dtype=gl.int32, is_pure=False, pack=1)
+
 
 @gluon.jit
 def _row_lanes(cols, lo, hi, LEAD: gl.constexpr):
@@ -286,7 +318,7 @@ def _softmax_smem_fwd_kernel(
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
     RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, STAGGER: gl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row cooperating,
     each holding its chunk in shared memory.
@@ -307,7 +339,9 @@ def _softmax_smem_fwd_kernel(
     shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
     identical kernels a side).
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
-    through the cluster's shared memory, past the chunk's: cluster.py).
+    through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or SM cycles (%clock64) the
+    programs of rows M/2 .. M - 1 wait before their copies (staggered), so that they read while the early rows
+    exchange and write.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
     elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
@@ -326,6 +360,8 @@ def _softmax_smem_fwd_kernel(
     x_win, y_win, lead, lo, hi, first, e_cols, e_lanes = _row_window(
         x_ptr, row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, chunk, N, TILES * BLOCK,
         LEAD, ODD, VEC, VEC_Y, part_layout)
+    if STAGGER > 0:  # the late rows' copies wait (the wait's 0 added to their window, so they come after it)
+        x_win += (_wait_cycles((2 * row >= M).to(gl.int32), STAGGER) // VEC) * VEC
     x_row = x_ptr + x_win
     y_row = y_ptr + y_win
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -648,6 +684,33 @@ def register_capped(config: LaunchConfig, itemsize: int, held: int, device: Devi
     return config.with_options(maxnreg=register_cap(config, itemsize, held, device))
 
 
+def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> LaunchConfig:
+    """The forward ``config`` (cut and register-capped) with STAGGER where all of ``problem``'s programs start at once
+    and fill at most STAGGER_MAX_WAVE of what the SMs hold (by the register cap and the chunk's shared memory; a
+    config without a cap is left alone): the programs of the late half of the rows wait about as long as the early
+    half's bytes take to read (STAGGER_BYTES_PER_CYCLE, in STAGGER_STEPs, STAGGER_MIN_CYCLES .. STAGGER_MAX_CYCLES)
+    before their copies. In one wave every program reads, exchanges, then writes, so DRAM sees the reads, a gap,
+    then the writes; staggered, the late rows read while the early ones exchange and write.
+
+    H200, kernel time, one process, against the same config without it (bench/results/h200/session37-probes/
+    probe195-B.log, probe196-C.log): fp32 32x152064 (0.73 of a wave) +3.6 % at 5000 cycles (2963 GB/s against
+    2861), bf16 48x152064 (0.52) +5.8 % at 4000, bf16 32x262144 (0.65) +3.4 % at 4500, bf16 24x400000 (0.76) +2.9 %
+    at 5000, bf16 16x524288 (0.65) +1.0-2.5 % at 3000-4500; past the best wait it loses (8000 cycles -5 to -7 %,
+    12000 -20 %). Launches that fill a wave or more lose at every wait: fp32 48x131072 (0.97) -5 to -14 %, fp32
+    32x200000 (0.97) -8 to -16 %, fp32 64x152064 (1.45) and bf16 64x262144 (1.29) -3 to -10 %. The wait counts SM
+    cycles, so a GPU held to lower clocks waits longer in time."""
+    if device.backend != "cuda" or "maxnreg" not in dict(config.options) or problem.M < 2:
+        return config
+    g = chunks(problem.N, dict(config.meta))
+    chunk_bytes = config["TILES"] * config["BLOCK"] * problem.dtype.itemsize
+    per_sm = _common.resident_programs(device, dict(config.options)["maxnreg"], config.num_warps, chunk_bytes)
+    if problem.M * g > STAGGER_MAX_WAVE * per_sm * device.sm_count:
+        return config
+    early_bytes = problem.M // 2 * problem.N * problem.dtype.itemsize
+    cycles = min(STAGGER_MAX_CYCLES, early_bytes // STAGGER_BYTES_PER_CYCLE // STAGGER_STEP * STAGGER_STEP)
+    return config.with_meta(STAGGER=cycles) if cycles >= STAGGER_MIN_CYCLES else config
+
+
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
 
 
@@ -769,10 +832,12 @@ class SmemFamily(CoopFamily):
     def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
         """A config sized on the N bucket (stored, ruled or the heuristic's) as a launch the dispatcher chose runs
         it: cut to the row (balanced_config, with LEAD for rows off 128-byte lines), registers capped by what the
-        chunks' shared memory leaves (register_capped)."""
+        chunks' shared memory leaves (register_capped), the forward's late rows staggered in a launch of less than
+        a wave (staggered)."""
         itemsize = problem.dtype.itemsize
         cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem), self.held)
-        return register_capped(cut, itemsize, self.held, device)
+        capped = register_capped(cut, itemsize, self.held, device)
+        return staggered(capped, problem, device) if self.held == 1 else capped
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
