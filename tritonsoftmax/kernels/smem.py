@@ -81,7 +81,7 @@ _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared 
 
 STAGGER_MAX_WAVE = 0.8  # staggered: the most of one wave of programs (by registers and shared memory) a launch fills
 STAGGER_BYTES_PER_CYCLE = 1800  # staggered: the early rows' bytes read a cycle (~3.5 TB/s at 1.98 GHz)
-STAGGER_MIN_CYCLES = 1000  # staggered: no wait shorter than this (nothing to overlap) ...
+STAGGER_MIN_CYCLES = 2000  # staggered: no wait shorter than this (too little to overlap) ...
 STAGGER_MAX_CYCLES = 5000  # ... nor longer (past the early rows' reads it only adds time)
 STAGGER_STEP = 500  # waits are whole steps of this many cycles: few compiled variants
 
@@ -697,8 +697,12 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     2861), bf16 48x152064 (0.52) +5.8 % at 4000, bf16 32x262144 (0.65) +3.4 % at 4500, bf16 24x400000 (0.76) +2.9 %
     at 5000, bf16 16x524288 (0.65) +1.0-2.5 % at 3000-4500; past the best wait it loses (8000 cycles -5 to -7 %,
     12000 -20 %). Launches that fill a wave or more lose at every wait: fp32 48x131072 (0.97) -5 to -14 %, fp32
-    32x200000 (0.97) -8 to -16 %, fp32 64x152064 (1.45) and bf16 64x262144 (1.29) -3 to -10 %. The wait counts SM
-    cycles, so a GPU held to lower clocks waits longer in time."""
+    32x200000 (0.97) -8 to -16 %, fp32 64x152064 (1.45) and bf16 64x262144 (1.29) -3 to -10 %. Through auto, against
+    STAGGER 0 (probe197-D.log): +0.3 % (bf16 12x524288, 3000 cycles) to +7.4 % (bf16 16x400000, 3500) at 15 shapes,
+    fp32 32x152064 2975 GB/s; the shortest wait measured that lost, 1000 cycles at bf16 16x152064 (-0.7 %,
+    probe199-J.log), sets STAGGER_MIN_CYCLES. The backward (dy and y read, dx written) gained nothing from the same
+    wait at 9 one-wave shapes (-1.7 to +1.6 %, probe198-E.log) and has none. The wait counts SM cycles, so a GPU held
+    to lower clocks waits longer in time."""
     if device.backend != "cuda" or "maxnreg" not in dict(config.options) or problem.M < 2:
         return config
     g = chunks(problem.N, dict(config.meta))
