@@ -651,13 +651,19 @@ def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
     return problem.x == problem.y and problem.x.col == 1 and len(set(element_sizes)) == 1
 
 
+def programs_per_sm(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo, n_regs: int = 1) -> int:
+    """The programs of ``config`` an SM holds at once (_common.resident_programs) by its ``held`` chunks of
+    TILES x BLOCK elements of ``itemsize`` bytes in shared memory and ``n_regs`` registers a thread (1: shared
+    memory, threads and the block limit alone)."""
+    chunk_bytes = config["TILES"] * config["BLOCK"] * itemsize * held
+    return _common.resident_programs(device, n_regs, config.num_warps, chunk_bytes)
+
+
 def register_cap(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> int:
     """The registers a thread of ``config`` may take without holding fewer programs an SM than its chunks' shared
-    memory allows (``held`` chunks of TILES x BLOCK elements of ``itemsize`` bytes, counted as
-    _common.resident_programs counts them): the register file over those programs' threads, to a multiple of 8,
-    at least REGISTER_CAP and at most MAX_REGISTERS."""
-    chunk_bytes = config["TILES"] * config["BLOCK"] * itemsize * held
-    programs = max(1, _common.resident_programs(device, 1, config.num_warps, chunk_bytes))
+    memory allows (programs_per_sm): the register file over those programs' threads, to a multiple of 8, at least
+    REGISTER_CAP and at most MAX_REGISTERS."""
+    programs = max(1, programs_per_sm(config, itemsize, held, device))
     fit = device.regs_per_sm // (programs * config.num_warps * device.warp_size) // 8 * 8
     return max(REGISTER_CAP, min(MAX_REGISTERS, fit))
 
@@ -703,12 +709,11 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     probe199-J.log), sets STAGGER_MIN_CYCLES. The backward (dy and y read, dx written) gained nothing from the same
     wait at 9 one-wave shapes (-1.7 to +1.6 %, probe198-E.log) and has none. The wait counts SM cycles, so a GPU held
     to lower clocks waits longer in time."""
-    if device.backend != "cuda" or "maxnreg" not in dict(config.options) or problem.M < 2:
+    cap = dict(config.options).get("maxnreg")
+    if device.backend != "cuda" or cap is None or problem.M < 2:
         return config
-    g = chunks(problem.N, dict(config.meta))
-    chunk_bytes = config["TILES"] * config["BLOCK"] * problem.dtype.itemsize
-    per_sm = _common.resident_programs(device, dict(config.options)["maxnreg"], config.num_warps, chunk_bytes)
-    if problem.M * g > STAGGER_MAX_WAVE * per_sm * device.sm_count:
+    per_sm = programs_per_sm(config, problem.dtype.itemsize, 1, device, cap)
+    if problem.M * chunks(problem.N, dict(config.meta)) > STAGGER_MAX_WAVE * per_sm * device.sm_count:
         return config
     early_bytes = problem.M // 2 * problem.N * problem.dtype.itemsize
     cycles = min(STAGGER_MAX_CYCLES, early_bytes // STAGGER_BYTES_PER_CYCLE // STAGGER_STEP * STAGGER_STEP)
