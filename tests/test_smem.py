@@ -390,8 +390,8 @@ def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
 ], ids=str)
 def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, cycles):
     """staggered, through dispatched_form (what auto runs): STAGGER where the launch fills at most
-    STAGGER_MAX_WAVE of what the SMs hold, the early half's bytes over STAGGER_BYTES_PER_CYCLE in whole
-    STAGGER_STEPs, capped; never for the backward."""
+    stagger.MAX_WAVE of what the SMs hold, the early half's bytes over stagger.BYTES_PER_CYCLE in whole
+    stagger.STEPs, capped; never for the backward."""
     mod = smem()
     x = torch.empty(M, N, dtype=dtype, device="meta")
     problem = matrix_problem(x, x)
@@ -407,7 +407,7 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, cy
 
 def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
     """staggered leaves alone what it cannot count (no register cap: 8 warps), a single row (no late half), AMD, and
-    launches whose early half reads in under STAGGER_MIN_CYCLES."""
+    launches whose early half reads in under stagger.MIN_CYCLES."""
     mod = smem()
     capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
 

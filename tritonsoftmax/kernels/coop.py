@@ -72,6 +72,7 @@ from ._common import (
     whole_vectors,
 )
 from .cluster import cluster_arrive, cluster_max_sum, cluster_smem_bytes, cluster_sum
+from .stagger import late_row, stagger_cycles, wait_cycles
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -328,7 +329,7 @@ def _softmax_coop_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0, STAGGER: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -352,6 +353,8 @@ def _softmax_coop_fwd_kernel(
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
+    STAGGER: 0, or SM cycles the programs of rows M/2 .. M - 1 wait before their loads (stagger.py; set by
+    CoopLaunch in resident mode).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -363,6 +366,8 @@ def _softmax_coop_fwd_kernel(
     first = chunk * (TILES * BLOCK)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
+    if STAGGER > 0:  # the late rows' loads wait (the wait's 0 added to their base in whole 128-element steps)
+        x_base += (wait_cycles(late_row(row, M), STAGGER) // 128) * 128
     x_row = x_ptr + x_base
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
@@ -657,6 +662,10 @@ class CoopLaunch:
             cooperative = run.with_options(**COOPERATIVE_LAUNCH)
             self._resident = PreparedLaunch(family, problem, cooperative, device,
                                             flags={**flags, "PHASE": 0, "RESIDENT": 1})
+        # The forward's late rows wait in a resident launch of under a wave (_first_resident_call), unless the
+        # config names its own STAGGER.
+        self.staggers = family.staggers and "STAGGER" not in dict(self.config.meta)
+        self.stagger = 0  # the STAGGER the resident launch runs with
         self.ws_words = WORD_FLOATS * self.programs
         self.sync_words = 2 + (self.programs if self.per_word else problem.M)  # the departure counters
 
@@ -696,8 +705,12 @@ class CoopLaunch:
             per_sm = 0 if compiled is None else _common.resident_programs(
                 self.device, compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
             if self.programs <= per_sm * self.device.sm_count:
+                cycles = stagger_cycles(self.problem, self.programs, per_sm, self.device) if self.staggers else 0
+                if cycles:
+                    resident = PreparedLaunch(resident.family, self.problem, resident.config.with_meta(STAGGER=cycles),
+                                              self.device, flags=resident.flags)
                 resident(x, y, ws, sync, *extra)
-                self.launches, self.mode = [resident], "resident"
+                self.launches, self.mode, self.stagger = [resident], "resident", cycles
                 return
         except Exception as e:  # a refused cooperative launch starts nothing; the ticketed one is always valid
             self.resident_error = f"{type(e).__name__}: {e}"
@@ -714,6 +727,8 @@ class CoopFamily(Family):
     # kernels keep one count a row: no gain measured for them (backward fp32 4096x131072 +0.7 %,
     # 4096x65536 -4.0 %, 8 warps holding 64 values a thread of dy and y; probe66.log).
     departs_per_word = False
+    # Whether a resident launch staggers its late rows (stagger.py; set per family below): coop's forward.
+    staggers = False
 
     def __init__(self, name: str, kernel, heuristic, configs=_configs):
         super().__init__(name, kernel, configs, heuristic, chunk_grid)
@@ -729,6 +744,7 @@ class CoopFamily(Family):
 
 
 FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic)
+FAMILY.staggers = True
 BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, _bwd_heuristic)
 
 

@@ -57,6 +57,7 @@ from ._common import (
 )
 from .cluster import cluster_arrive
 from .coop import CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
+from .stagger import late_row, stagger_cycles, wait_cycles
 
 try:
     from triton.experimental import gluon
@@ -78,39 +79,6 @@ REGISTER_CAP = 64  # the least cap: 8 four-warp programs an SM by registers (655
 MAX_REGISTERS = 255  # the most registers ptxas gives a thread
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
-
-STAGGER_MAX_WAVE = 0.8  # staggered: the most of one wave of programs (by registers and shared memory) a launch fills
-STAGGER_BYTES_PER_CYCLE = 1800  # staggered: the early rows' bytes read a cycle (~3.5 TB/s at 1.98 GHz)
-STAGGER_MIN_CYCLES = 2000  # staggered: no wait shorter than this (too little to overlap) ...
-STAGGER_MAX_CYCLES = 5000  # ... nor longer (past the early rows' reads it only adds time)
-STAGGER_STEP = 500  # waits are whole steps of this many cycles: few compiled variants
-
-# $1: whether to wait (not 0), $2: how many SM cycles (%clock64), napping between looks; $0: 0, for ordering.
-_WAIT_CYCLES = gl.constexpr("""
-    {
-    .reg .pred %tsw_p;
-    .reg .u64 %tsw_t0, %tsw_t1, %tsw_d;
-    setp.ne.u32 %tsw_p, $1, 0;
-    @!%tsw_p bra TSW_DONE_${:uid};
-    mov.u64 %tsw_t0, %clock64;
-    cvt.u64.u32 %tsw_d, $2;
-    TSW_WAIT_${:uid}:
-    nanosleep.u32 64;
-    mov.u64 %tsw_t1, %clock64;
-    sub.u64 %tsw_t1, %tsw_t1, %tsw_t0;
-    setp.lt.u64 %tsw_p, %tsw_t1, %tsw_d;
-    @%tsw_p bra TSW_WAIT_${:uid};
-    TSW_DONE_${:uid}:
-    mov.u32 $0, 0;
-    }
-""")
-
-
-@gluon.jit
-def _wait_cycles(late, cycles):
-    """0, returned once ``cycles`` SM cycles have passed when ``late`` (int32) is not 0, at once otherwise."""
-    return gl.inline_asm_elementwise(_WAIT_CYCLES, "=r,r,r", [late, cycles], dtype=gl.int32, is_pure=False, pack=1)
-
 
 @gluon.jit
 def _row_lanes(cols, lo, hi, LEAD: gl.constexpr):
@@ -339,8 +307,8 @@ def _softmax_smem_fwd_kernel(
     shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
     identical kernels a side).
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
-    through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or SM cycles (%clock64) the
-    programs of rows M/2 .. M - 1 wait before their copies (staggered), so that they read while the early rows
+    through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or SM cycles the programs of
+    rows M/2 .. M - 1 wait before their copies (stagger.py; staggered), so that they read while the early rows
     exchange and write.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
@@ -361,7 +329,7 @@ def _softmax_smem_fwd_kernel(
         x_ptr, row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, chunk, N, TILES * BLOCK,
         LEAD, ODD, VEC, VEC_Y, part_layout)
     if STAGGER > 0:  # the late rows' copies wait (the wait's 0 added to their window, so they come after it)
-        x_win += (_wait_cycles((2 * row >= M).to(gl.int32), STAGGER) // VEC) * VEC
+        x_win += (wait_cycles(late_row(row, M), STAGGER) // VEC) * VEC
     x_row = x_ptr + x_win
     y_row = y_ptr + y_win
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -691,12 +659,10 @@ def register_capped(config: LaunchConfig, itemsize: int, held: int, device: Devi
 
 
 def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> LaunchConfig:
-    """The forward ``config`` (cut and register-capped) with STAGGER where all of ``problem``'s programs start at once
-    and fill at most STAGGER_MAX_WAVE of what the SMs hold (by the register cap and the chunk's shared memory; a
-    config without a cap is left alone): the programs of the late half of the rows wait about as long as the early
-    half's bytes take to read (STAGGER_BYTES_PER_CYCLE, in STAGGER_STEPs, STAGGER_MIN_CYCLES .. STAGGER_MAX_CYCLES)
-    before their copies. In one wave every program reads, exchanges, then writes, so DRAM sees the reads, a gap,
-    then the writes; staggered, the late rows read while the early ones exchange and write.
+    """The forward ``config`` (cut and register-capped) with STAGGER (stagger.py) where its programs fill at most
+    stagger.MAX_WAVE of what the SMs hold, counted from the register cap and the chunk's shared memory (a config
+    without a cap is left alone): the late half of the rows waits about as long as the early half's bytes take to
+    read before its copies (stagger.stagger_cycles).
 
     H200, kernel time, one process, against the same config without it (bench/results/h200/session37-probes/
     probe195-B.log, probe196-C.log): fp32 32x152064 (0.73 of a wave) +3.6 % at 5000 cycles (2963 GB/s against
@@ -706,18 +672,15 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     32x200000 (0.97) -8 to -16 %, fp32 64x152064 (1.45) and bf16 64x262144 (1.29) -3 to -10 %. Through auto, against
     STAGGER 0 (probe197-D.log): +0.3 % (bf16 12x524288, 3000 cycles) to +7.4 % (bf16 16x400000, 3500) at 15 shapes,
     fp32 32x152064 2975 GB/s; the shortest wait measured that lost, 1000 cycles at bf16 16x152064 (-0.7 %,
-    probe199-J.log), sets STAGGER_MIN_CYCLES. The backward (dy and y read, dx written) gained nothing from the same
+    probe199-J.log), sets stagger.MIN_CYCLES. The backward (dy and y read, dx written) gained nothing from the same
     wait at 9 one-wave shapes (-1.7 to +1.6 %, probe198-E.log) and has none. The wait counts SM cycles, so a GPU held
     to lower clocks waits longer in time."""
     cap = dict(config.options).get("maxnreg")
-    if device.backend != "cuda" or cap is None or problem.M < 2:
+    if cap is None:
         return config
-    per_sm = programs_per_sm(config, problem.dtype.itemsize, 1, device, cap)
-    if problem.M * chunks(problem.N, dict(config.meta)) > STAGGER_MAX_WAVE * per_sm * device.sm_count:
-        return config
-    early_bytes = problem.M // 2 * problem.N * problem.dtype.itemsize
-    cycles = min(STAGGER_MAX_CYCLES, early_bytes // STAGGER_BYTES_PER_CYCLE // STAGGER_STEP * STAGGER_STEP)
-    return config.with_meta(STAGGER=cycles) if cycles >= STAGGER_MIN_CYCLES else config
+    programs = problem.M * chunks(problem.N, dict(config.meta))
+    cycles = stagger_cycles(problem, programs, programs_per_sm(config, problem.dtype.itemsize, 1, device, cap), device)
+    return config.with_meta(STAGGER=cycles) if cycles else config
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs

@@ -1,0 +1,118 @@
+"""Late rows that wait (kernels/stagger.py): the rule, the wait compiled for sm_90 in coop's forward, which launches
+take it, and (GPU) coop's resident launches that run it. The smem forward's use of it is in test_smem.py."""
+
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from compile_scripts import run_compile_script
+from conftest import DEVICE
+from softmax_ref import TOL, assert_softmax_close, poisoned_like, random_input
+from synthetic_devices import GFX942, SM90
+
+import tritonsoftmax
+from tritonsoftmax import dispatch
+from tritonsoftmax.config import LaunchConfig
+from tritonsoftmax.device import device_info
+from tritonsoftmax.kernels import coop, stagger
+from tritonsoftmax.layout import matrix_problem
+
+FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
+
+
+def _problem(M: int, N: int, dtype=torch.float32):
+    x = torch.empty(M, N, dtype=dtype, device="meta")
+    return matrix_problem(x, x)
+
+
+@pytest.mark.parametrize("M,N,dtype,programs,per_sm,want", [
+    (32, 152064, torch.float32, 512, 5, 5000),      # 9.7 MB early: capped at MAX_CYCLES
+    (8, 262144, torch.float32, 1024, 19, 2000),     # 4.2 MB: 2330 cycles, in whole steps
+    (16, 152064, torch.float32, 1200, 19, 2500),
+    (48, 152064, torch.bfloat16, 480, 7, 4000),
+    (8, 131072, torch.float32, 512, 19, 0),         # 2.1 MB: 1165 cycles, under MIN_CYCLES
+    (32, 131072, torch.float32, 512, 4, 0),         # 0.97 of a wave
+    (64, 152064, torch.float32, 960, 5, 0),         # 1.45 waves
+    (1, 8388608, torch.float32, 64, 5, 0),          # one row: no late half
+], ids=str)
+def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(M, N, dtype, programs, per_sm,
+                                                                                  want):
+    assert stagger.stagger_cycles(_problem(M, N, dtype), programs, per_sm, SM90) == want
+
+
+def test_no_wait_off_nvidia():
+    assert stagger.stagger_cycles(_problem(32, 152064), 512, 5, GFX942) == 0
+
+
+def test_late_row_is_the_second_half_without_overflow():
+    @triton.jit
+    def rows_kernel(out_ptr, M):
+        row = tl.program_id(0)
+        tl.store(out_ptr + row, stagger.late_row(row, M))
+
+    for M in (1, 2, 5, 8):
+        out = torch.full((M,), -1, dtype=torch.int32, device=DEVICE)
+        rows_kernel[(M,)](out, M)
+        assert out.tolist() == [int(2 * r >= M) for r in range(M)], M
+    big = 2**31 - 1  # 2 * row would overflow int32 here
+    out = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
+    rows_kernel[(1,)](out, big)
+    assert out.item() == 0
+
+
+def test_coop_forward_compiles_the_wait_before_its_loads_and_keeps_them_16_bytes_wide():
+    """STAGGER in coop's forward (fp32, whole 16-byte vectors, one held tile): one %clock64 loop before the row's
+    first load, and as many 16-byte loads and stores as without it (the wait's 0 is added to the row's base as a
+    multiple of 128 elements, which keeps what the compiler knows of its alignment)."""
+    const = {"LOG": 0, "ZERO_MASKED": 0, "BLOCK": 1024, "TILES": 1, "BLOCK_G": 64, "PHASE": 0, "RESIDENT": 1,
+             "VEC": 4}
+    cases = [["coop", "_softmax_coop_fwd_kernel", "fp32", {**const, "STAGGER": cycles}] for cycles in (3000, 0)]
+    waits, plain = run_compile_script("kernel_compile.py", json.dumps(cases))
+
+    def wide(ptx, op):
+        return sum(f"{op}.global" in line and ".v4." in line for line in ptx.splitlines())
+
+    assert wide(waits, "ld") == wide(plain, "ld") > 0 and wide(waits, "st") == wide(plain, "st") > 0
+    assert waits.count("nanosleep") == 1 and plain.count("nanosleep") == 0
+    assert waits.find("%clock64") < waits.find("ld.global.v4")
+
+
+def test_only_coops_forward_staggers_and_a_named_stagger_is_kept():
+    """CoopLaunch staggers a resident launch of coop's forward only (smem staggers its forward in dispatched_form;
+    no backward does), and never overrides a config that names STAGGER (so a probe or the tuner can time without)."""
+    problem = _problem(8, 262144)
+    config = LaunchConfig.make(1, BLOCK=2048, TILES=1, BLOCK_G=128)
+    assert coop.FAMILY.prepare(problem, config, SM90, flags=FLAGS, two_phase=False).staggers
+    assert not coop.FAMILY.prepare(problem, config.with_meta(STAGGER=0), SM90, flags=FLAGS, two_phase=False).staggers
+    assert not coop.BWD_FAMILY.prepare(problem, config, SM90, flags={"LOG": 0}, two_phase=False).staggers
+    from tritonsoftmax.kernels import gluon_available
+
+    if gluon_available():
+        from tritonsoftmax.kernels import smem
+
+        assert not smem.FAMILY.staggers and not smem.BWD_FAMILY.staggers
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,dtype", [(8, 262144, torch.float32), (2, 1048576, torch.float32),
+                                       (16, 152064, torch.float32)], ids=str)
+def test_coops_resident_launch_staggers_through_auto_and_matches_float64(M, N, dtype):
+    """Shapes auto runs on coop, resident, under half a wave (probe201-L.log: +2.7-4.9 % at 2000-3500 cycles):
+    the launch waits, and softmax and log_softmax match float64 in every element, the output poisoned first."""
+    x = random_input((M, N), dtype, DEVICE, seed=M + N)
+    plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)
+    assert plan.impl == "coop"
+    launch = plan.family.prepare(matrix_problem(x, x), plan.config, device_info(x.device), plan.from_store, FLAGS)
+    y = poisoned_like(x)
+    launch(x, y, 1.0)
+    assert launch.mode == "resident" and launch.stagger >= stagger.MIN_CYCLES, (launch.mode, launch.stagger)
+    assert_softmax_close(y, x)
+    y.fill_(float("nan"))
+    launch(x, y, 1.0)  # the warm path runs the staggered kernel too
+    assert_softmax_close(y, x)
+    assert_softmax_close(tritonsoftmax.softmax(x), x)
+    want = torch.log_softmax(x.double(), -1)
+    err = (tritonsoftmax.log_softmax(x).double() - want).abs() / want.abs().clamp(min=1)
+    assert err.max().item() <= max(TOL[dtype], 1e-5)
