@@ -358,18 +358,19 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
 
 
 def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
-    """STAGGER (staggered) adds one %clock64 wait loop before the copies, whose 0 the late rows' window takes, so
-    that the compiler still knows the copies 16 bytes wide (an offset it cannot see through made them 4-byte
-    copies, offline, session 37); without it the kernel has no such loop."""
+    """STAGGER (staggered; in halves or groups) adds one %clock64 wait loop before the copies, whose 0 the late rows'
+    window takes, so that the compiler still knows the copies 16 bytes wide (an offset it cannot see through made
+    them 4-byte copies, offline, session 37); without it the kernel has no such loop."""
     import json
 
     from compile_scripts import run_compile_script
 
     meta = {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 16, "CLUSTER": 1}
-    cases = [["fwd", "fp32", "fp32", {**meta, "STAGGER": stagger}, 4, {}, {"maxnreg": 96}] for stagger in (5000, 0)]
-    staggered, plain = run_compile_script("smem_compile.py", json.dumps(cases))
+    waits = ({"STAGGER": 5000}, {"STAGGER": 1000, "STAGGER_GROUPS": 8}, {"STAGGER": 0})
+    cases = [["fwd", "fp32", "fp32", {**meta, **wait}, 4, {}, {"maxnreg": 96}] for wait in waits]
+    halves, groups, plain = run_compile_script("smem_compile.py", json.dumps(cases))
     vectors = 10 * 1024 * 32 // 128 // 128
-    for got, loops in ((staggered, 1), (plain, 0)):
+    for got, loops in ((halves, 1), (groups, 1), (plain, 0)):
         ptx = got["ptx"]
         assert len(re.findall(COPY, ptx)) == vectors and not re.search(r"cp\.async\.ca", ptx)
         assert len(re.findall(r"st\.global[^\n]*\.v4", ptx)) == vectors
@@ -377,21 +378,26 @@ def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
         assert ptx.find("%clock64") < ptx.find("cp.async") or not loops
 
 
-@pytest.mark.parametrize("dtype,M,N,cycles", [
-    (torch.float32, 32, 152064, 5000),    # 0.73 of a wave; 9.7 MB early: capped
-    (torch.float32, 24, 152064, 4000),
-    (torch.bfloat16, 48, 152064, 4000),
-    (torch.bfloat16, 16, 524288, 4500),   # resident, not a cluster: the wait does not care
-    (torch.bfloat16, 96, 65536, 3000),
+@pytest.mark.parametrize("dtype,M,N,want", [
+    (torch.float32, 32, 152064, (1000, 8)),   # 0.73 of a wave in cluster mode: 8 groups of 4 rows (2.4 MB)
+    (torch.float32, 24, 152064, (1000, 8)),   # 3 rows (1.8 MB) a group
+    (torch.float32, 20, 152064, (1500, 4)),   # 8 groups would hold 2 rows (1.2 MB): 4 of 5
+    (torch.bfloat16, 48, 152064, (1000, 8)),
+    (torch.bfloat16, 32, 200000, (1500, 4)),
+    (torch.bfloat16, 96, 65536, (1500, 4)),
+    (torch.bfloat16, 16, 524288, (4500, None)),  # resident, not a cluster: halves, 8.4 MB early
+    (torch.bfloat16, 24, 400000, (5000, None)),  # 9.6 MB early: capped
     (torch.float32, 64, 152064, None),    # 1.45 waves
     (torch.float32, 48, 131072, None),    # 0.97 of a wave
     (torch.bfloat16, 8, 1048576, None),   # 0.97 of a wave (8 programs an SM under the cap of 64)
     (torch.bfloat16, 4096, 16384, None),  # many waves
 ], ids=str)
-def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, cycles):
+def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, want):
     """staggered, through dispatched_form (what auto runs): STAGGER where the launch fills at most
-    stagger.MAX_WAVE of what the SMs hold, the early half's bytes over stagger.BYTES_PER_CYCLE in whole
-    stagger.STEPs, capped; never for the backward."""
+    stagger.MAX_WAVE of what the SMs hold and its early half reads for stagger.MIN_CYCLES; in cluster mode the rows
+    wait in the most groups (STAGGER_GROUPS, up to stagger.MAX_GROUPS) that read for stagger.MIN_GROUP_CYCLES each,
+    else in halves; a group's bytes over stagger.BYTES_PER_CYCLE in whole stagger.STEPs, capped. Never for the
+    backward."""
     mod = smem()
     x = torch.empty(M, N, dtype=dtype, device="meta")
     problem = matrix_problem(x, x)
@@ -400,14 +406,15 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, cy
     shape = dispatch.Shape(M, N, dtype, SM90, False, True, True)
     entry = dispatch.stored(SM90, mod.FAMILY, dtype, N, M)
     config = dispatch.ruled_config("smem", shape) or (entry.config if entry else mod._heuristic(SM90, M, N))
-    got = mod.FAMILY.dispatched_form(problem, config, SM90)
-    assert dict(got.meta).get("STAGGER") == cycles, got
+    got = dict(mod.FAMILY.dispatched_form(problem, config, SM90).meta)
+    assert (None if "STAGGER" not in got else (got["STAGGER"], got.get("STAGGER_GROUPS"))) == want, got
     assert "STAGGER" not in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
 
 
 def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
-    """staggered leaves alone what it cannot count (no register cap: 8 warps), a single row (no late half), AMD, and
-    launches whose early half reads in under stagger.MIN_CYCLES."""
+    """staggered groups the rows of a cluster launch only (a resident one waits in halves), and leaves alone what it
+    cannot count (no register cap: 8 warps), a single row (no late half), AMD, and launches whose early half reads in
+    under stagger.MIN_CYCLES."""
     mod = smem()
     capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
 
@@ -415,7 +422,10 @@ def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
         x = torch.empty(M, N, dtype=dtype, device="meta")
         return matrix_problem(x, x)
 
-    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER"] == 5000
+    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER"] == 1000
+    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
+    resident = capped.with_meta(CLUSTER=0)
+    assert dict(mod.staggered(resident, problem(32, 152064), SM90).meta) == {**dict(resident.meta), "STAGGER": 5000}
     assert mod.staggered(capped, problem(32, 152064), GFX942) == capped
     uncapped = LaunchConfig.make(8, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
     assert mod.staggered(uncapped, problem(32, 152064), SM90) == uncapped
@@ -639,16 +649,19 @@ def test_matches_float64(M, N, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,M,N", [(torch.float32, 24, 152064), (torch.bfloat16, 48, 152064),
-                                       (torch.float16, 16, 400000), (torch.bfloat16, 96, 100000)], ids=str)
-def test_staggered_launches_through_auto_match_float64(dtype, M, N):
-    """One-wave shapes whose late rows wait (staggered; 96x100000 bf16 with LEAD, its rows off 128-byte lines),
-    softmax and log_softmax through auto, every element against float64 with the output poisoned first."""
+@pytest.mark.parametrize("dtype,M,N,groups", [
+    (torch.float32, 24, 152064, 8), (torch.bfloat16, 48, 152064, 8), (torch.float16, 16, 400000, None),
+    (torch.bfloat16, 96, 100000, 8), (torch.float32, 20, 152064, 4), (torch.float32, 30, 152064, 8),
+], ids=str)
+def test_staggered_launches_through_auto_match_float64(dtype, M, N, groups):
+    """One-wave shapes whose late rows wait (staggered; in halves, 4 or 8 groups; 30 rows in 8 groups of 4, the last
+    of 2; 96x100000 bf16 with LEAD, its rows off 128-byte lines), softmax and log_softmax through auto, every element
+    against float64 with the output poisoned first."""
     x = random_input((M, N), dtype, DEVICE, seed=M + N)
     plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)
     assert plan.impl == "smem"
     launch = plan.family.prepare(matrix_problem(x, x), plan.config, plan.device, plan.from_store, FLAGS)
-    assert launch.config["STAGGER"] > 0, launch.config
+    assert launch.config["STAGGER"] > 0 and dict(launch.config.meta).get("STAGGER_GROUPS") == groups, launch.config
     y = poisoned_like(x)
     launch(x, y, 1.0)
     assert launch.fallbacks == 0

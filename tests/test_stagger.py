@@ -39,27 +39,43 @@ def _problem(M: int, N: int, dtype=torch.float32):
 ], ids=str)
 def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(M, N, dtype, programs, per_sm,
                                                                                   want):
-    assert stagger.stagger_cycles(_problem(M, N, dtype), programs, per_sm, SM90) == want
+    meta = stagger.stagger_meta(_problem(M, N, dtype), programs, per_sm, SM90)
+    assert meta == ({"STAGGER": want} if want else {})
+
+
+@pytest.mark.parametrize("M,N,dtype,want", [
+    (32, 152064, torch.float32, (1000, 8)),   # 4 rows a group, 2.4 MB: 1351 cycles
+    (24, 152064, torch.float32, (1000, 8)),   # 3 rows, 1.8 MB: 1013
+    (20, 152064, torch.float32, (1500, 4)),   # 8 groups of 2 rows would read 1.2 MB each: 4 of 5 rows
+    (96, 65536, torch.bfloat16, (1500, 4)),   # 12 rows of 8 groups: 1.57 MB
+    (4, 2097152, torch.bfloat16, (2000, 4)),  # one row a group: 4 groups at most for 4 rows
+    (8, 262144, torch.float32, (1000, 4)),    # 8 groups of 1 row (1 MB) too small: 4 of 2 rows, 1165 cycles
+    (8, 131072, torch.float32, None),          # the early half under MIN_CYCLES: no wait at all
+], ids=str)
+def test_a_grouped_launch_waits_in_the_most_groups_that_read_for_min_group_cycles(M, N, dtype, want):
+    meta = stagger.stagger_meta(_problem(M, N, dtype), 512, 5, SM90, grouped=True)
+    assert (None if not meta else (meta["STAGGER"], meta.get("STAGGER_GROUPS"))) == want, meta
 
 
 def test_no_wait_off_nvidia():
-    assert stagger.stagger_cycles(_problem(32, 152064), 512, 5, GFX942) == 0
+    assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942) == {}
+    assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942, grouped=True) == {}
 
 
-def test_late_row_is_the_second_half_without_overflow():
+@pytest.mark.parametrize("groups", [2, 4, 8])
+def test_row_group_splits_the_rows_in_order_into_groups_of_cdiv_rows(groups):
     @triton.jit
-    def rows_kernel(out_ptr, M):
+    def rows_kernel(out_ptr, M, GROUPS: tl.constexpr):
         row = tl.program_id(0)
-        tl.store(out_ptr + row, stagger.late_row(row, M))
+        tl.store(out_ptr + row, stagger.row_group(row, M, GROUPS))
 
-    for M in (1, 2, 5, 8):
+    for M in (1, 2, 5, 8, 20, 30):
         out = torch.full((M,), -1, dtype=torch.int32, device=DEVICE)
-        rows_kernel[(M,)](out, M)
-        assert out.tolist() == [int(2 * r >= M) for r in range(M)], M
-    big = 2**31 - 1  # 2 * row would overflow int32 here
-    out = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
-    rows_kernel[(1,)](out, big)
-    assert out.item() == 0
+        rows_kernel[(M,)](out, M, groups)
+        per = -(-M // groups)
+        assert out.tolist() == [r // per for r in range(M)], M
+        assert max(out.tolist()) < groups
+    assert groups > 2 or [r // 3 for r in range(5)] == [int(2 * r >= 5) for r in range(5)]  # halves: late = 2r >= M
 
 
 def test_coop_forward_compiles_the_wait_before_its_loads_and_keeps_them_16_bytes_wide():

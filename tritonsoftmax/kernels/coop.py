@@ -72,7 +72,7 @@ from ._common import (
     whole_vectors,
 )
 from .cluster import cluster_arrive, cluster_max_sum, cluster_smem_bytes, cluster_sum
-from .stagger import late_row, stagger_cycles, wait_cycles
+from .stagger import row_wait, stagger_meta
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
     from triton.language.target_info import is_hip
@@ -330,6 +330,7 @@ def _softmax_coop_fwd_kernel(
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
     VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0, STAGGER: tl.constexpr = 0,
+    STAGGER_GROUPS: tl.constexpr = 2,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -367,7 +368,7 @@ def _softmax_coop_fwd_kernel(
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     if STAGGER > 0:  # the late rows' loads wait (the wait's 0 added to their base in whole 128-element steps)
-        x_base += (wait_cycles(late_row(row, M), STAGGER) // 128) * 128
+        x_base += (row_wait(row, M, STAGGER, STAGGER_GROUPS) // 128) * 128
     x_row = x_ptr + x_base
     offs = tl.arange(0, BLOCK)
     pos_e, mask_e = edge_lanes(shift, lo, tail, end, chunk == 0, chunk == G - 1, ALIGN)  # used when ALIGN > 1
@@ -705,12 +706,12 @@ class CoopLaunch:
             per_sm = 0 if compiled is None else _common.resident_programs(
                 self.device, compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
             if self.programs <= per_sm * self.device.sm_count:
-                cycles = stagger_cycles(self.problem, self.programs, per_sm, self.device) if self.staggers else 0
-                if cycles:
-                    resident = PreparedLaunch(resident.family, self.problem, resident.config.with_meta(STAGGER=cycles),
+                meta = stagger_meta(self.problem, self.programs, per_sm, self.device) if self.staggers else {}
+                if meta:
+                    resident = PreparedLaunch(resident.family, self.problem, resident.config.with_meta(**meta),
                                               self.device, flags=resident.flags)
                 resident(x, y, ws, sync, *extra)
-                self.launches, self.mode, self.stagger = [resident], "resident", cycles
+                self.launches, self.mode, self.stagger = [resident], "resident", meta.get("STAGGER", 0)
                 return
         except Exception as e:  # a refused cooperative launch starts nothing; the ticketed one is always valid
             self.resident_error = f"{type(e).__name__}: {e}"

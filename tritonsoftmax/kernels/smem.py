@@ -57,7 +57,7 @@ from ._common import (
 )
 from .cluster import cluster_arrive
 from .coop import CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
-from .stagger import late_row, stagger_cycles, wait_cycles
+from .stagger import row_wait, stagger_meta
 
 try:
     from triton.experimental import gluon
@@ -286,7 +286,7 @@ def _softmax_smem_fwd_kernel(
     LOG: gl.constexpr, ZERO_MASKED: gl.constexpr,
     BLOCK: gl.constexpr, TILES: gl.constexpr, BLOCK_G: gl.constexpr, PHASE: gl.constexpr,
     RESIDENT: gl.constexpr = 0, PER_WORD: gl.constexpr = 0, LEAD: gl.constexpr = 0,
-    CLUSTER: gl.constexpr = 0, STAGGER: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 0, STAGGER: gl.constexpr = 0, STAGGER_GROUPS: gl.constexpr = 2,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(LEAD + N, TILES * BLOCK) programs of a row cooperating,
     each holding its chunk in shared memory.
@@ -329,7 +329,7 @@ def _softmax_smem_fwd_kernel(
         x_ptr, row, INNER, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, chunk, N, TILES * BLOCK,
         LEAD, ODD, VEC, VEC_Y, part_layout)
     if STAGGER > 0:  # the late rows' copies wait (the wait's 0 added to their window, so they come after it)
-        x_win += (wait_cycles(late_row(row, M), STAGGER) // VEC) * VEC
+        x_win += (row_wait(row, M, STAGGER, STAGGER_GROUPS) // VEC) * VEC
     x_row = x_ptr + x_win
     y_row = y_ptr + y_win
     buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [TILES, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -679,8 +679,9 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     if cap is None:
         return config
     programs = problem.M * chunks(problem.N, dict(config.meta))
-    cycles = stagger_cycles(problem, programs, programs_per_sm(config, problem.dtype.itemsize, 1, device, cap), device)
-    return config.with_meta(STAGGER=cycles) if cycles else config
+    meta = stagger_meta(problem, programs, programs_per_sm(config, problem.dtype.itemsize, 1, device, cap), device,
+                        grouped=bool(dict(config.meta).get("CLUSTER")))
+    return config.with_meta(**meta) if meta else config
 
 
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs

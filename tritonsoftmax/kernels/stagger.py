@@ -1,9 +1,11 @@
 """Late rows that wait: a launch whose programs all run at once, each reading its chunk, exchanging, then writing,
 shows DRAM all the reads, a gap, then all the writes. With a kernel's STAGGER (SM cycles), the programs of rows
 M/2 .. M - 1 wait that long before their loads, so that they read while the early rows exchange and write.
-``stagger_cycles`` is the rule (shared by the smem forward, smem.staggered, and coop's forward in resident mode,
-coop.CoopLaunch), ``wait_cycles`` the wait (plain Triton, which the Gluon kernels call too). NVIDIA only (``%clock64``
-and ``nanosleep`` are PTX); measurements in smem.staggered and coop.CoopLaunch."""
+``stagger_meta`` is the rule (shared by the smem forward, smem.staggered, and coop's forward in resident mode,
+coop.CoopLaunch), ``row_wait`` the wait (plain Triton, which the Gluon kernels call too). In cluster mode the smem
+forward's rows wait in more groups than two (STAGGER_GROUPS G: the first cdiv(M, G) rows at once, the next after one
+group's wait, ...). NVIDIA only (``%clock64`` and ``nanosleep`` are PTX); measurements in smem.staggered and
+coop.CoopLaunch."""
 
 from __future__ import annotations
 
@@ -15,20 +17,32 @@ from ..layout import RowProblem
 
 MAX_WAVE = 0.8  # the most of one wave of programs (what the SMs hold at once) a staggered launch fills
 BYTES_PER_CYCLE = 1800  # the early rows' bytes read a cycle (~3.5 TB/s at 1.98 GHz)
-MIN_CYCLES = 2000  # no wait shorter than this (too little to overlap) ...
-MAX_CYCLES = 5000  # ... nor longer (past the early rows' reads it only adds time)
+MIN_CYCLES = 2000  # no launch whose early half reads in fewer cycles waits (too little to overlap) ...
+MAX_CYCLES = 5000  # ... and no group waits longer than this (past the early rows' reads it only adds time)
 STEP = 500  # waits are whole steps of this many cycles: few compiled variants
+MAX_GROUPS = 8  # a grouped launch's rows wait in up to this many groups ...
+MIN_GROUP_CYCLES = 1000  # ... each of which reads for at least this long (1.8 MB)
 
 
-def stagger_cycles(problem: RowProblem, programs: int, per_sm: int, device: DeviceInfo) -> int:
-    """STAGGER for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once: 0 unless they fill
-    at most MAX_WAVE of what the SMs hold (on CUDA, with at least two rows); else about as many cycles as the early
-    half of the rows takes to read (BYTES_PER_CYCLE, in whole STEPs, at most MAX_CYCLES), 0 under MIN_CYCLES."""
-    if device.backend != "cuda" or problem.M < 2 or programs > MAX_WAVE * per_sm * device.sm_count:
-        return 0
-    early_bytes = problem.M // 2 * problem.N * problem.dtype.itemsize
-    cycles = min(MAX_CYCLES, early_bytes // BYTES_PER_CYCLE // STEP * STEP)
-    return cycles if cycles >= MIN_CYCLES else 0
+def stagger_meta(problem: RowProblem, programs: int, per_sm: int, device: DeviceInfo,
+                 grouped: bool = False) -> dict[str, int]:
+    """STAGGER (and STAGGER_GROUPS) for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once;
+    {} unless they fill at most MAX_WAVE of what the SMs hold (on CUDA, with at least two rows) and the early half of
+    the rows takes MIN_CYCLES to read (BYTES_PER_CYCLE). Then the rows wait in two halves, or, ``grouped``, in the
+    most groups (4 or 8, at most MAX_GROUPS) of which each still reads for MIN_GROUP_CYCLES; a group waits as many
+    cycles a group before it as a group's rows take to read (in whole STEPs, at most MAX_CYCLES)."""
+    M = problem.M
+    if device.backend != "cuda" or M < 2 or programs > MAX_WAVE * per_sm * device.sm_count:
+        return {}
+    row_bytes = problem.N * problem.dtype.itemsize
+    if M // 2 * row_bytes < MIN_CYCLES * BYTES_PER_CYCLE:
+        return {}
+    groups = 2
+    while (grouped and 2 * groups <= min(MAX_GROUPS, M)
+           and M // (2 * groups) * row_bytes >= MIN_GROUP_CYCLES * BYTES_PER_CYCLE):
+        groups *= 2
+    cycles = min(MAX_CYCLES, M // groups * row_bytes // BYTES_PER_CYCLE // STEP * STEP)
+    return {"STAGGER": cycles} if groups == 2 else {"STAGGER": cycles, "STAGGER_GROUPS": groups}
 
 
 # $1: whether to wait (not 0), $2: how many SM cycles (%clock64), napping between looks; $0: 0, for ordering.
@@ -60,7 +74,14 @@ def wait_cycles(late, cycles):
 
 
 @triton.jit
-def late_row(row, M):
-    """1 (int32) for the rows that wait, M/2 .. M - 1 (rows at or past the first half, written without 2 * row,
-    which could overflow), else 0."""
-    return (row >= M - M // 2).to(tl.int32)
+def row_group(row, M, GROUPS: tl.constexpr):
+    """The group (int32) of ``row`` when the M rows fall into GROUPS groups of cdiv(M, GROUPS) rows, in order."""
+    return row // ((M + GROUPS - 1) // GROUPS)
+
+
+@triton.jit
+def row_wait(row, M, STAGGER, GROUPS: tl.constexpr):
+    """0 (int32), returned once the row's group (row_group) has waited: group g waits g * STAGGER SM cycles, group 0
+    not at all."""
+    group = row_group(row, M, GROUPS)
+    return wait_cycles((group > 0).to(tl.int32), group * STAGGER)
