@@ -382,6 +382,8 @@ def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
     (torch.float32, 32, 152064, (1000, 8)),   # 0.73 of a wave in cluster mode: 8 groups of 4 rows (2.4 MB)
     (torch.float32, 24, 152064, (1000, 8)),   # 3 rows (1.8 MB) a group
     (torch.float32, 20, 152064, (1500, 4)),   # 8 groups would hold 2 rows (1.2 MB): 4 of 5
+    (torch.float32, 38, 152064, (1000, 8)),   # 0.86 of a wave: under stagger.MAX_GROUPED_WAVE
+    (torch.float32, 44, 131072, None),        # 0.89 of a wave
     (torch.bfloat16, 48, 152064, (1000, 8)),
     (torch.bfloat16, 32, 200000, (1500, 4)),
     (torch.bfloat16, 96, 65536, (1500, 4)),
@@ -652,6 +654,7 @@ def test_matches_float64(M, N, dtype):
 @pytest.mark.parametrize("dtype,M,N,groups", [
     (torch.float32, 24, 152064, 8), (torch.bfloat16, 48, 152064, 8), (torch.float16, 16, 400000, None),
     (torch.bfloat16, 96, 100000, 8), (torch.float32, 20, 152064, 4), (torch.float32, 30, 152064, 8),
+    (torch.float32, 28, 200000, 8),  # 0.85 of a wave
 ], ids=str)
 def test_staggered_launches_through_auto_match_float64(dtype, M, N, groups):
     """One-wave shapes whose late rows wait (staggered; in halves, 4 or 8 groups; 30 rows in 8 groups of 4, the last

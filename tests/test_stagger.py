@@ -57,6 +57,20 @@ def test_a_grouped_launch_waits_in_the_most_groups_that_read_for_min_group_cycle
     assert (None if not meta else (meta["STAGGER"], meta.get("STAGGER_GROUPS"))) == want, meta
 
 
+def test_groups_wait_in_launches_up_to_max_grouped_wave_and_halves_up_to_max_wave():
+    """Probe 207: 8 groups gained at 0.82-0.86 of a wave and lost at 0.89-0.91; halves lost from 0.97 (session 37)."""
+    problem, per_sm = _problem(32, 152064), 5
+    full = per_sm * SM90.sm_count
+    for fraction, grouped, staggers in ((0.86, True, True), (0.89, True, False), (0.79, False, True),
+                                        (0.86, False, False)):
+        meta = stagger.stagger_meta(problem, int(fraction * full), per_sm, SM90, grouped=grouped)
+        assert bool(meta) == staggers, (fraction, grouped, meta)
+    # a grouped launch that can only have two groups is held to the halves' limit
+    halves_only = _problem(2, 4 * 1048576)
+    assert stagger.stagger_meta(halves_only, int(0.79 * full), per_sm, SM90, grouped=True) == {"STAGGER": 5000}
+    assert stagger.stagger_meta(halves_only, int(0.86 * full), per_sm, SM90, grouped=True) == {}
+
+
 def test_no_wait_off_nvidia():
     assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942) == {}
     assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942, grouped=True) == {}

@@ -15,7 +15,8 @@ import triton.language as tl
 from ..device import DeviceInfo
 from ..layout import RowProblem
 
-MAX_WAVE = 0.8  # the most of one wave of programs (what the SMs hold at once) a staggered launch fills
+MAX_WAVE = 0.8  # the most of one wave of programs (what the SMs hold at once) a launch waiting in halves fills ...
+MAX_GROUPED_WAVE = 0.87  # ... and one waiting in more groups
 BYTES_PER_CYCLE = 1800  # the early rows' bytes read a cycle (~3.5 TB/s at 1.98 GHz)
 MIN_CYCLES = 2000  # no launch whose early half reads in fewer cycles waits (too little to overlap) ...
 MAX_CYCLES = 5000  # ... and no group waits longer than this (past the early rows' reads it only adds time)
@@ -26,21 +27,22 @@ MIN_GROUP_CYCLES = 1000  # ... each of which reads for at least this long (1.8 M
 
 def stagger_meta(problem: RowProblem, programs: int, per_sm: int, device: DeviceInfo,
                  grouped: bool = False) -> dict[str, int]:
-    """STAGGER (and STAGGER_GROUPS) for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once;
-    {} unless they fill at most MAX_WAVE of what the SMs hold (on CUDA, with at least two rows) and the early half of
-    the rows takes MIN_CYCLES to read (BYTES_PER_CYCLE). Then the rows wait in two halves, or, ``grouped``, in the
-    most groups (4 or 8, at most MAX_GROUPS) of which each still reads for MIN_GROUP_CYCLES; a group waits as many
-    cycles a group before it as a group's rows take to read (in whole STEPs, at most MAX_CYCLES)."""
+    """STAGGER (and STAGGER_GROUPS) for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once.
+    On CUDA, with at least two rows whose early half takes MIN_CYCLES to read (BYTES_PER_CYCLE), the rows wait in two
+    halves, or, ``grouped``, in the most groups (4 or 8, at most MAX_GROUPS) of which each still reads for
+    MIN_GROUP_CYCLES; a group waits as many cycles a group before it as a group's rows take to read (in whole STEPs,
+    at most MAX_CYCLES). {} where the programs fill more than MAX_WAVE of what the SMs hold (MAX_GROUPED_WAVE with
+    more than two groups), or where nothing waits."""
     M = problem.M
-    if device.backend != "cuda" or M < 2 or programs > MAX_WAVE * per_sm * device.sm_count:
-        return {}
     row_bytes = problem.N * problem.dtype.itemsize
-    if M // 2 * row_bytes < MIN_CYCLES * BYTES_PER_CYCLE:
+    if device.backend != "cuda" or M < 2 or M // 2 * row_bytes < MIN_CYCLES * BYTES_PER_CYCLE:
         return {}
     groups = 2
     while (grouped and 2 * groups <= min(MAX_GROUPS, M)
            and M // (2 * groups) * row_bytes >= MIN_GROUP_CYCLES * BYTES_PER_CYCLE):
         groups *= 2
+    if programs > (MAX_GROUPED_WAVE if groups > 2 else MAX_WAVE) * per_sm * device.sm_count:
+        return {}
     cycles = min(MAX_CYCLES, M // groups * row_bytes // BYTES_PER_CYCLE // STEP * STEP)
     return {"STAGGER": cycles} if groups == 2 else {"STAGGER": cycles, "STAGGER_GROUPS": groups}
 
