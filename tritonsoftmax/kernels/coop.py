@@ -354,8 +354,8 @@ def _softmax_coop_fwd_kernel(
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
-    STAGGER: 0, or SM cycles the programs of rows M/2 .. M - 1 wait before their loads (stagger.py; set by
-    CoopLaunch in resident mode).
+    STAGGER, STAGGER_GROUPS: as in the smem forward (stagger.row_wait; CoopLaunch sets STAGGER in resident mode,
+    with two groups: rows M/2 .. M - 1 wait STAGGER cycles before their loads).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -699,7 +699,12 @@ class CoopLaunch:
         cooperative launch beyond that is refused, so the estimate must not be high; on the H200 it
         matched the driver's limit exactly, bench/results/h200/session8-probes/probe23.log). Should
         the driver refuse it anyway (an estimate off on another GPU), nothing ran: the ticketed
-        launch takes over for good, and ``resident_error`` keeps the reason."""
+        launch takes over for good, and ``resident_error`` keeps the reason. In coop's forward
+        (``staggers``) the late half of the rows waits (stagger.stagger_meta, in halves): H200, through auto
+        against the same config without a wait, +1.9 to +5.0 % at fp32 16x152064, 8x262144, 2x1048576, 4x1048576
+        and bf16 4x1048576, +0.3 % at bf16 24x152064 (bench/results/h200/session38-probes/probe202-M.log); 4 groups
+        level with halves (probe204-O.log), and cluster mode lost (session37-probes/probe201-L.log), so it has
+        none."""
         resident, self._resident = self._resident, None
         try:
             compiled = resident.compile(x, y, ws, sync, *extra)

@@ -307,9 +307,10 @@ def _softmax_smem_fwd_kernel(
     shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
     identical kernels a side).
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
-    through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or SM cycles the programs of
-    rows M/2 .. M - 1 wait before their copies (stagger.py; staggered), so that they read while the early rows
-    exchange and write.
+    through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or the SM cycles a group of rows
+    waits per group before it (stagger.row_wait; staggered): the rows fall into STAGGER_GROUPS groups of
+    cdiv(M, STAGGER_GROUPS), group g waiting g * STAGGER before its copies, so that it reads while the groups before
+    it exchange and write.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
     elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
@@ -659,22 +660,26 @@ def register_capped(config: LaunchConfig, itemsize: int, held: int, device: Devi
 
 
 def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> LaunchConfig:
-    """The forward ``config`` (cut and register-capped) with STAGGER (stagger.py) where its programs fill at most
-    stagger.MAX_WAVE of what the SMs hold, counted from the register cap and the chunk's shared memory (a config
-    without a cap is left alone): the late half of the rows waits about as long as the early half's bytes take to
-    read before its copies (stagger.stagger_cycles).
+    """The forward ``config`` (cut and register-capped) with STAGGER (stagger.stagger_meta) where its programs fill
+    little enough of what the SMs hold, counted from the register cap and the chunk's shared memory (a config without
+    a cap is left alone): later rows wait about as long as earlier rows' bytes take to read before their copies, in
+    halves, or, for a cluster config (CLUSTER), in 4 or 8 groups (STAGGER_GROUPS).
 
-    H200, kernel time, one process, against the same config without it (bench/results/h200/session37-probes/
-    probe195-B.log, probe196-C.log): fp32 32x152064 (0.73 of a wave) +3.6 % at 5000 cycles (2963 GB/s against
-    2861), bf16 48x152064 (0.52) +5.8 % at 4000, bf16 32x262144 (0.65) +3.4 % at 4500, bf16 24x400000 (0.76) +2.9 %
-    at 5000, bf16 16x524288 (0.65) +1.0-2.5 % at 3000-4500; past the best wait it loses (8000 cycles -5 to -7 %,
-    12000 -20 %). Launches that fill a wave or more lose at every wait: fp32 48x131072 (0.97) -5 to -14 %, fp32
-    32x200000 (0.97) -8 to -16 %, fp32 64x152064 (1.45) and bf16 64x262144 (1.29) -3 to -10 %. Through auto, against
-    STAGGER 0 (probe197-D.log): +0.3 % (bf16 12x524288, 3000 cycles) to +7.4 % (bf16 16x400000, 3500) at 15 shapes,
-    fp32 32x152064 2975 GB/s; the shortest wait measured that lost, 1000 cycles at bf16 16x152064 (-0.7 %,
-    probe199-J.log), sets stagger.MIN_CYCLES. The backward (dy and y read, dx written) gained nothing from the same
-    wait at 9 one-wave shapes (-1.7 to +1.6 %, probe198-E.log) and has none. The wait counts SM cycles, so a GPU held
-    to lower clocks waits longer in time."""
+    H200, kernel time, one process. Halves against the same config without a wait (bench/results/h200/
+    session37-probes/probe195-B.log, probe196-C.log): fp32 32x152064 (0.73 of a wave) +3.6 % at 5000 cycles, bf16
+    48x152064 (0.52) +5.8 % at 4000, bf16 32x262144 (0.65) +3.4 % at 4500, bf16 24x400000 (0.76) +2.9 % at 5000; past
+    the best wait it loses (8000 cycles -5 to -7 %, 12000 -20 %); launches of a wave or more lose at every wait (fp32
+    48x131072 (0.97) -5 to -14 %, fp32 64x152064 (1.45) -3 to -10 %). Through auto against no wait (probe197-D.log):
+    +0.3 to +7.4 % at 15 shapes; 1000 cycles lost at bf16 16x152064 (-0.7 %, probe199-J.log): stagger.MIN_CYCLES.
+    Groups (session38-probes): jumpy in the wait at first (probe203-N.log: fp32 32x152064 in 4 groups -1 / +3.5 / -2 %
+    at 2000 / 2500 / 3000 cycles), steady with a group's wait its bytes over 1900-2100 (probe204-O.log, 1700 behind);
+    through auto against halves (probe205-P.log): +1.2 to +4.6 % at 14 cluster-mode shapes, fp32 32x152064 3069 GB/s
+    against 2948 (2866 without a wait). Resident launches gained less from groups than from halves (bf16 16x400000
+    in 8 groups -2.2 %, probe204-O.log), so they keep halves. Past 0.8 of a wave (probe206-R.log, probe207-S.log,
+    probe208-T.log): groups +1.4 to +8.9 % at 0.82-0.86 (fp32 36x152064 3095 against 2842), -6 % at 0.89, -20 % at
+    0.91, -7 to -21 % at 0.97 and 1.45: stagger.MAX_GROUPED_WAVE. The backward (dy and y read, dx written) gained
+    nothing from halves at 9 one-wave shapes (-1.7 to +1.6 %, session37-probes/probe198-E.log) and has none. The
+    wait counts SM cycles, so a GPU held to lower clocks waits longer in time."""
     cap = dict(config.options).get("maxnreg")
     if cap is None:
         return config
