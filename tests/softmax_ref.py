@@ -35,6 +35,14 @@ def assert_softmax_close(y: torch.Tensor, x: torch.Tensor, dim: int = -1, out_dt
             assert dev <= tol * max(1.0, n ** 0.5) + 1e-6, f"row sum off by {dev:.3g}"
 
 
+def assert_log_softmax_close(got: torch.Tensor, x: torch.Tensor) -> None:
+    """Every element of ``got`` within the dtype's tolerance (at least 1e-5) of the float64 log_softmax of ``x``
+    along the last dim, relative where the reference's magnitude passes 1."""
+    want = torch.log_softmax(x.double(), -1)
+    err = (got.double() - want).abs() / want.abs().clamp(min=1)
+    assert err.max().item() <= max(TOL[x.dtype], 1e-5)
+
+
 def grad_reference(dy: torch.Tensor, y: torch.Tensor, scale: float = 1.0, log: bool = False) -> torch.Tensor:
     """dx in float64 from the incoming gradient and the saved output along the last dim:
     scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""

@@ -666,9 +666,13 @@ class CoopLaunch:
         # The forward's late rows wait in a resident launch of under a wave (_first_resident_call), unless the
         # config names its own STAGGER.
         self.staggers = family.staggers and "STAGGER" not in dict(self.config.meta)
-        self.stagger = 0  # the STAGGER the resident launch runs with
         self.ws_words = WORD_FLOATS * self.programs
         self.sync_words = 2 + (self.programs if self.per_word else problem.M)  # the departure counters
+
+    @property
+    def stagger(self) -> int:
+        """The STAGGER the resident launch runs with (0 in any other mode, or before the first call)."""
+        return dict(self.launches[0].config.meta).get("STAGGER", 0) if self.mode == "resident" else 0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._idle_scratch is not None:  # cluster mode: no per-stream scratch lookup on the warm path
@@ -716,7 +720,7 @@ class CoopLaunch:
                     resident = PreparedLaunch(resident.family, self.problem, resident.config.with_meta(**meta),
                                               self.device, flags=resident.flags)
                 resident(x, y, ws, sync, *extra)
-                self.launches, self.mode, self.stagger = [resident], "resident", meta.get("STAGGER", 0)
+                self.launches, self.mode = [resident], "resident"
                 return
         except Exception as e:  # a refused cooperative launch starts nothing; the ticketed one is always valid
             self.resident_error = f"{type(e).__name__}: {e}"
@@ -733,11 +737,10 @@ class CoopFamily(Family):
     # kernels keep one count a row: no gain measured for them (backward fp32 4096x131072 +0.7 %,
     # 4096x65536 -4.0 %, 8 warps holding 64 values a thread of dy and y; probe66.log).
     departs_per_word = False
-    # Whether a resident launch staggers its late rows (stagger.py; set per family below): coop's forward.
-    staggers = False
 
-    def __init__(self, name: str, kernel, heuristic, configs=_configs):
+    def __init__(self, name: str, kernel, heuristic, configs=_configs, staggers: bool = False):
         super().__init__(name, kernel, configs, heuristic, chunk_grid)
+        self.staggers = staggers  # whether a resident launch staggers its late rows (stagger.py): coop's forward
 
     def default_config(self, device: DeviceInfo, problem: RowProblem) -> LaunchConfig:
         """The config a launch without a given or stored one runs: the heuristic for the shape."""
@@ -749,8 +752,7 @@ class CoopFamily(Family):
         return CoopLaunch(self, problem, config, device, flags, two_phase)
 
 
-FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic)
-FAMILY.staggers = True
+FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic, staggers=True)
 BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, _bwd_heuristic)
 
 
