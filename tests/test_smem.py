@@ -21,7 +21,7 @@ from softmax_ref import (
     poisoned_like,
     random_input,
 )
-from synthetic_devices import GFX942, SM75, SM89, SM90
+from synthetic_devices import GFX942, SM75, SM89, SM90, meta_problem
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
@@ -402,8 +402,7 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, wa
     else in halves; a group's bytes over stagger.BYTES_PER_CYCLE in whole stagger.STEPs, capped. Never for the
     backward."""
     mod = smem()
-    x = torch.empty(M, N, dtype=dtype, device="meta")
-    problem = matrix_problem(x, x)
+    problem = meta_problem(M, N, dtype)
     rule = dispatch.choose(M, N, dtype, SM90, False, True, True)
     assert rule.impl == "smem"
     shape = dispatch.Shape(M, N, dtype, SM90, False, True, True)
@@ -421,20 +420,17 @@ def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
     mod = smem()
     capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
 
-    def problem(M, N, dtype=torch.float32):
-        x = torch.empty(M, N, dtype=dtype, device="meta")
-        return matrix_problem(x, x)
-
-    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER"] == 1000
-    assert mod.staggered(capped, problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
+    assert mod.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER"] == 1000
+    assert mod.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
     resident = capped.with_meta(CLUSTER=0)
-    assert dict(mod.staggered(resident, problem(32, 152064), SM90).meta) == {**dict(resident.meta), "STAGGER": 5000}
-    assert mod.staggered(capped, problem(32, 152064), GFX942) == capped
+    got = dict(mod.staggered(resident, meta_problem(32, 152064), SM90).meta)
+    assert got == {**dict(resident.meta), "STAGGER": 5000}
+    assert mod.staggered(capped, meta_problem(32, 152064), GFX942) == capped
     uncapped = LaunchConfig.make(8, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
-    assert mod.staggered(uncapped, problem(32, 152064), SM90) == uncapped
-    assert mod.staggered(capped, problem(1, 152064), SM90) == capped
+    assert mod.staggered(uncapped, meta_problem(32, 152064), SM90) == uncapped
+    assert mod.staggered(capped, meta_problem(1, 152064), SM90) == capped
     small = LaunchConfig.make(4, options={"maxnreg": 64}, BLOCK=1024, TILES=2, BLOCK_G=16, CLUSTER=1)
-    assert mod.staggered(small, problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
+    assert mod.staggered(small, meta_problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
 
 
 @pytest.mark.parametrize("tiles,block,itemsize,held,cap", [

@@ -10,7 +10,7 @@ import triton.language as tl
 from compile_scripts import run_compile_script
 from conftest import DEVICE
 from softmax_ref import assert_log_softmax_close, assert_softmax_close, poisoned_like, random_input
-from synthetic_devices import GFX942, SM90
+from synthetic_devices import GFX942, SM90, meta_problem
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
@@ -20,11 +20,6 @@ from tritonsoftmax.kernels import coop, stagger
 from tritonsoftmax.layout import matrix_problem
 
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
-
-
-def _problem(M: int, N: int, dtype=torch.float32):
-    x = torch.empty(M, N, dtype=dtype, device="meta")
-    return matrix_problem(x, x)
 
 
 @pytest.mark.parametrize("M,N,dtype,programs,per_sm,want", [
@@ -39,7 +34,7 @@ def _problem(M: int, N: int, dtype=torch.float32):
 ], ids=str)
 def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(M, N, dtype, programs, per_sm,
                                                                                   want):
-    meta = stagger.stagger_meta(_problem(M, N, dtype), programs, per_sm, SM90)
+    meta = stagger.stagger_meta(meta_problem(M, N, dtype), programs, per_sm, SM90)
     assert meta == ({"STAGGER": want} if want else {})
 
 
@@ -53,27 +48,27 @@ def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(
     (8, 131072, torch.float32, None),          # the early half under MIN_CYCLES: no wait at all
 ], ids=str)
 def test_a_grouped_launch_waits_in_the_most_groups_that_read_for_min_group_cycles(M, N, dtype, want):
-    meta = stagger.stagger_meta(_problem(M, N, dtype), 512, 5, SM90, grouped=True)
+    meta = stagger.stagger_meta(meta_problem(M, N, dtype), 512, 5, SM90, grouped=True)
     assert (None if not meta else (meta["STAGGER"], meta.get("STAGGER_GROUPS"))) == want, meta
 
 
 def test_groups_wait_in_launches_up_to_max_grouped_wave_and_halves_up_to_max_wave():
     """Probe 207: 8 groups gained at 0.82-0.86 of a wave and lost at 0.89-0.91; halves lost from 0.97 (session 37)."""
-    problem, per_sm = _problem(32, 152064), 5
+    problem, per_sm = meta_problem(32, 152064), 5
     full = per_sm * SM90.sm_count
     for fraction, grouped, staggers in ((0.86, True, True), (0.89, True, False), (0.79, False, True),
                                         (0.86, False, False)):
         meta = stagger.stagger_meta(problem, int(fraction * full), per_sm, SM90, grouped=grouped)
         assert bool(meta) == staggers, (fraction, grouped, meta)
     # a grouped launch that can only have two groups is held to the halves' limit
-    halves_only = _problem(2, 4 * 1048576)
+    halves_only = meta_problem(2, 4 * 1048576)
     assert stagger.stagger_meta(halves_only, int(0.79 * full), per_sm, SM90, grouped=True) == {"STAGGER": 5000}
     assert stagger.stagger_meta(halves_only, int(0.86 * full), per_sm, SM90, grouped=True) == {}
 
 
 def test_no_wait_off_nvidia():
-    assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942) == {}
-    assert stagger.stagger_meta(_problem(32, 152064), 512, 5, GFX942, grouped=True) == {}
+    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942) == {}
+    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942, grouped=True) == {}
 
 
 @pytest.mark.parametrize("groups", [2, 4, 8])
@@ -113,7 +108,7 @@ def test_coop_forward_compiles_the_wait_before_its_loads_and_keeps_them_16_bytes
 def test_only_coops_forward_staggers_and_a_named_stagger_is_kept():
     """CoopLaunch staggers a resident launch of coop's forward only (smem staggers its forward in dispatched_form;
     no backward does), and never overrides a config that names STAGGER (so a probe or the tuner can time without)."""
-    problem = _problem(8, 262144)
+    problem = meta_problem(8, 262144)
     config = LaunchConfig.make(1, BLOCK=2048, TILES=1, BLOCK_G=128)
     assert coop.FAMILY.prepare(problem, config, SM90, flags=FLAGS, two_phase=False).staggers
     assert not coop.FAMILY.prepare(problem, config.with_meta(STAGGER=0), SM90, flags=FLAGS, two_phase=False).staggers

@@ -80,6 +80,7 @@ MAX_REGISTERS = 255  # the most registers ptxas gives a thread
 LINE_BYTES = 128  # the line each row's chunks start on, with LEAD (line_lead)
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared  # renamed in triton 3.9
 
+
 @gluon.jit
 def _row_lanes(cols, lo, hi, LEAD: gl.constexpr):
     """The lanes at window positions ``cols`` that lie in the row, positions lo .. hi - 1: cols < hi, and
