@@ -278,23 +278,53 @@ def test_warm_launcher_passes_each_launcher_layout_its_arguments_in_order():
     stream = {3: 1003}.__getitem__  # device index -> its current stream
 
     start = _common.warm_launcher(_fake_launcher(call_36, **hooks), (5, 2, 1), 42, packed, fixed, stream, 3)
-    start(kernel_args)
+    start(*kernel_args)
     assert start.layout == _common.C_LAUNCH_SPREAD
     assert calls.pop() == (5, 2, 1, 1003, 42, False, True, None, None, packed, None, None, None, 11, 12, 0.5, 7, 8)
 
     start = _common.warm_launcher(_fake_launcher(call_37, arg_annotations=("ann",), kernel_signature=b"sig", **hooks),
                                   (5, 2, 1), 42, packed, fixed, stream, 3)
-    start(kernel_args)
+    start(*kernel_args)
     assert start.layout == _common.C_LAUNCH_TUPLE
     assert calls.pop() == (5, 2, 1, 1003, 42, False, True, packed, None, None, None, None, None, ("ann",), b"sig",
                            (11, 12, 0.5, 7, 8))
 
     refused = _fake_launcher(lambda self, *a: calls.append(("run", *a)), **hooks)
     start = _common.warm_launcher(refused, (5, 2, 1), 42, packed, fixed, stream, 3)
-    start(kernel_args)
+    start(*kernel_args)
     assert start.layout == _common.RUN_LAUNCHER
     assert calls.pop() == ("run", 5, 2, 1, 1003, 42, packed, None, None, None, 11, 12, 0.5, 7, 8)
     assert not calls
+
+
+def test_direct_start_takes_the_common_warm_call_and_hands_the_rest_to_the_launch():
+    """direct_start: (x, y, float scale) on the compiled alignment with no launch hook installed starts
+    the kernel with the addresses; a misaligned pointer, a tensor among the extras, a non-float scale
+    or an installed hook go to the full call (the PreparedLaunch's own __call__)."""
+    from triton import knobs
+
+    from tritonsoftmax.kernels import _common
+
+    started, full = [], []
+    x, y, saved = torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    direct = _common.direct_start(lambda *a: started.append(a), True, lambda *a: full.append(a))
+    direct(x, y, 0.5)
+    assert started.pop() == (x.data_ptr(), y.data_ptr(), 0.5) and not full
+    for call in ((x[1:], y[1:], 0.5), (x, y, saved, 0.5), (x, y, 1)):
+        direct(*call)
+        assert full.pop() == call and not started
+    assert not _common.direct_start(lambda *a: started.append(a), False, lambda *a: full.append(a))(x, y, 0.5)
+    assert full.pop() == (x, y, 0.5) and not started  # compiled for misaligned pointers: aligned ones go back
+    hook = knobs.runtime.launch_enter_hook
+    if not hasattr(hook, "add"):
+        pytest.skip("this triton has no HookChain launch hooks")
+    fn = lambda metadata: None  # noqa: E731
+    hook.add(fn)
+    try:
+        direct(x, y, 0.5)
+    finally:
+        hook.remove(fn)
+    assert full.pop() == (x, y, 0.5) and not started
 
 
 def test_c_launch_layout_of_the_installed_triton():
@@ -324,7 +354,8 @@ def test_warm_call_starts_the_kernel_through_the_c_launch_function():
 
     x = random_input((8, 2048), torch.float32, DEVICE, seed=3)
     tritonsoftmax.softmax(x)
-    prepared, _ = api._prepared[api._signature(x, -1, None, "auto", False, False)]
+    start, _, prepared = api._prepared[api._signature(x, -1, None, "auto", False, False)]
+    assert start == prepared.direct and start != prepared.__call__  # the warm call's one-frame start
     assert prepared._warm.layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
     for seed in (4, 5):
         x2 = random_input((8, 2048), torch.float32, DEVICE, seed=seed)

@@ -342,7 +342,7 @@ def test_gpu_api_takes_a_stored_cluster_config():
     if plan.family.name != "coop" or not plan.config or not clustered(plan.config):
         pytest.fail(f"the table's 4x131072 bf16 entry is {plan.family.name} {plan.config}: expected coop CLUSTER 1")
     assert_softmax_close(tritonsoftmax.softmax(x), x)
-    prepared, _ = api._prepared[api._signature(x, -1, None, "auto", False, False)]  # this call's launch, no other's
+    *_, prepared = api._prepared[api._signature(x, -1, None, "auto", False, False)]  # this call's launch, no other's
     assert prepared.mode == "cluster", prepared.mode
 
 
@@ -499,6 +499,6 @@ def test_gpu_smem_backward_through_autograd_in_cluster_mode(dtype):
     dy = random_input((M, N), dtype, DEVICE, seed=22)
     (dx,) = torch.autograd.grad(y, x, dy)
     assert_grad_close(dx, dy, y.detach(), 1.0, False)
-    modes = {p.family.name: getattr(p, "mode", None) for p, _ in api._prepared.values()
+    modes = {p.family.name: getattr(p, "mode", None) for *_, p in api._prepared.values()
              if hasattr(p, "family") and (p.problem.M, p.problem.N, p.problem.dtype) == (M, N, dtype)}
     assert modes.get("smem-bwd") == "cluster", modes  # this shape's launches only: other tests' share the cache

@@ -92,7 +92,9 @@ def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Te
     return forward(x, dim, dtype, impl, scale, log, zero_masked)
 
 
-_prepared: dict[tuple, tuple] = {}  # call signature -> (prepared launch, output dtype or None: x's)
+# call signature -> (what starts it warm: the launch's ``direct`` where it has one, output dtype or None: x's,
+# the prepared launch)
+_prepared: dict[tuple, tuple] = {}
 _PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
 
 
@@ -109,9 +111,9 @@ def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, sca
     except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
         hit = None
     if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
-        prepared, out_dtype = hit
+        start, out_dtype, _ = hit
         y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)  # no dtype: cheaper
-        prepared(x, y, 1.0 if scale is None else _check_scale(scale))
+        start(x, y, 1.0 if scale is None else _check_scale(scale))
         return y
     return _forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
 
@@ -163,11 +165,12 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     problem = layout.row_problem(a, out, dim)
     if problem is not None:
         prepared = _prepare(problem, a, out, impl, flags, backward)
-        if remember is not None:
+        prepared(a, out, *rest, scale)
+        if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
             if len(_prepared) >= _PREPARED_MAX:
                 _prepared.clear()
-            _prepared[remember] = (prepared, None if out_dtype == a.dtype else out_dtype)
-        prepared(a, out, *rest, scale)
+            _prepared[remember] = (getattr(prepared, "direct", prepared), None if out_dtype == a.dtype else out_dtype,
+                                   prepared)
         return out
     at, *rt = (t.movedim(dim, -1).contiguous() for t in (a, *rest))
     ot = torch.empty_like(at, dtype=out.dtype)

@@ -509,11 +509,12 @@ def c_launch_layout(run) -> int:
 
 
 def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args: tuple,
-                  current_stream: Callable[[int], int], device_index: int) -> Callable[[list], None]:
+                  current_stream: Callable[[int], int], device_index: int) -> Callable[..., None]:
     """A function of the leading kernel arguments (``x``, ``y`` and the extras as addresses and
-    numbers) that starts the compiled kernel on the current stream, through ``run``'s C function
-    where c_launch_layout allows; everything else a launch passes is fixed here, once.
-    ``fixed_args``: the arguments after those (the problem's sizes and strides, the constexprs)."""
+    numbers, one parameter each) that starts the compiled kernel on the current stream, through
+    ``run``'s C function where c_launch_layout allows; everything else a launch passes is fixed
+    here, once. ``fixed_args``: the arguments after those (the problem's sizes and strides, the
+    constexprs)."""
     g0, g1, g2 = grid3
     layout = c_launch_layout(run)
     if layout == C_LAUNCH_TUPLE:
@@ -521,21 +522,42 @@ def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args:
         head = (function, run.launch_cooperative_grid, run.launch_pdl, packed_metadata, None, None, None, None,
                 None, run.arg_annotations, run.kernel_signature)
 
-        def start(args):
+        def start(*args):
             launch(g0, g1, g2, current_stream(device_index), *head, (*args, *fixed_args))
     elif layout == C_LAUNCH_SPREAD:
         launch = run.launch
         head = (function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed_metadata, None, None, None)
 
-        def start(args):
+        def start(*args):
             launch(g0, g1, g2, current_stream(device_index), *head, *args, *fixed_args)
     else:
         head = (function, packed_metadata, None, None, None)
 
-        def start(args):
+        def start(*args):
             run(g0, g1, g2, current_stream(device_index), *head, *args, *fixed_args)
     start.layout = layout
     return start
+
+
+def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable) -> Callable:
+    """A warm PreparedLaunch's call in one Python frame for its common case: ``(x, y, scale)``, ``x``
+    and ``y`` on the 16-byte alignment ``start`` (warm_launcher's) was compiled for (``aligned``), a
+    float ``scale`` and no launch hook installed; any other call goes to ``fallback`` (the launch's
+    own __call__). What it saves is the generic path's argument list and two frames (~0.9 us a call
+    on this repository's CI machine, with a no-op in place of the C launch; bench/NOTES.md, session 40)."""
+    runtime = knobs.runtime
+
+    def direct(x, y, *extra):
+        xp, yp = x.data_ptr(), y.data_ptr()
+        hook = runtime.launch_enter_hook
+        whole = not (xp | yp) & 15
+        if (whole is aligned and len(extra) == 1 and type(extra[0]) is float
+                and (hook is None or not getattr(hook, "calls", True))):
+            start(xp, yp, extra[0])
+        else:
+            fallback(x, y, *extra)
+
+    return direct
 
 
 PORTABLE_CLUSTER = 8  # the most CTAs a cluster may have without the function's non-portable attribute
@@ -727,6 +749,7 @@ class PreparedLaunch:
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
         self._runner = self._warm = None
         self._aligned = None
+        self.direct = self.__call__  # what a warm caller calls: direct_start's closure once a kernel is kept
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor | float) -> LaunchConfig | None:
         """Run the kernel on ``x`` into ``y``; returns the config launched (None when the autotuner chose).
@@ -737,7 +760,7 @@ class PreparedLaunch:
         if self._warm is not None and aligned == self._aligned:
             hook = knobs.runtime.launch_enter_hook
             if hook is None or not getattr(hook, "calls", True):  # no launch hook (a profiler's) is installed
-                self._warm(args)
+                self._warm(*args)
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
             return self.config
@@ -807,6 +830,7 @@ class PreparedLaunch:
         self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed_metadata, (*self.tail, *self._meta),
                                    driver.active.get_current_stream, dev)
         self._aligned = aligned
+        self.direct = direct_start(self._warm, aligned, self.__call__)
 
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
@@ -829,7 +853,7 @@ class PreparedLaunch:
         grid3 = (grid[0] // self.cluster, 1, 1)
         dev = cuda_index(x.device)
         self._keep(compiled, grid3, packed, _hooked_runner(compiled, grid3, packed, dev), dev, aligned)
-        self._warm(_raw_args(x, y, extra)[0])
+        self._warm(*_raw_args(x, y, extra)[0])
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:
         M, N = self.problem.M, self.problem.N
