@@ -543,8 +543,8 @@ def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable) 
     """A warm PreparedLaunch's call in one Python frame for its common case: ``(x, y, scale)``, ``x``
     and ``y`` on the 16-byte alignment ``start`` (warm_launcher's) was compiled for (``aligned``), a
     float ``scale`` and no launch hook installed; any other call goes to ``fallback`` (the launch's
-    own __call__). What it saves is the generic path's argument list and two frames (~0.9 us a call
-    on this repository's CI machine, with a no-op in place of the C launch; bench/NOTES.md, session 40)."""
+    own __call__, whose hook test this repeats). What it saves is the generic path's argument list and
+    two frames: 0.45-0.73 us a warm call on the H200 machine's host (bench/NOTES.md, session 40)."""
     runtime = knobs.runtime
 
     def direct(x, y, *extra):
