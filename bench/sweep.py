@@ -9,7 +9,8 @@ Plots: ``m4096`` (M = 4096, N = 256 .. 262144), ``few-131072`` and ``few-1m`` (f
 GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x8192), ``odd``
 (M = 4096, odd N from 1023 to 100003: rows off a 16-byte boundary), ``even`` (even N that are not
 multiples of 16, 100 to 50264: rows on 4-, 8- or 16-byte boundaries that Triton cannot see), ``vocab``
-(M = 4096, language models' vocabulary sizes, 32000 to 256000). Lines:
+(M = 4096, language models' vocabulary sizes, 32000 to 256000), ``router`` (16384 tokens over a
+mixture-of-experts router's 8 to 256 experts). Lines:
 tritonsoftmax (auto and each family), a copy of the same bytes, torch.softmax, torch.compile,
 the Triton tutorial kernel, the naive five-op torch version, and Liger-Kernel, FlagGems and
 QuACK when importable (``--peers-site`` or TRITONSOFTMAX_PEERS_SITE). A provider that is missing
@@ -58,6 +59,9 @@ PLOTS = {
     # the logits a training step's softmax reads, 4096 rows (tokens) at a time.
     "vocab": {"x": "N", "shapes": [(4096, n) for n in (32000, 32064, 50257, 50304, 100352, 128256, 151936, 256000)],
               "log": True},
+    # Mixture-of-experts routers: 16384 tokens' logits over the experts (Mixtral 8, DBRX 16, Qwen1.5-MoE 60, OLMoE 64,
+    # Qwen3-MoE 128, DeepSeek-V2 160, DeepSeek-V3 256); short rows, several a program; 16-bit 60 sits off 16 bytes.
+    "router": {"x": "N", "shapes": [(16384, n) for n in (8, 16, 60, 64, 128, 160, 256)], "log": True},
 }
 QUICK_PLOTS = {
     "m64": {"x": "N", "shapes": [(64, 256), (64, 1024), (64, 4096)], "log": True},
