@@ -245,13 +245,31 @@ def test_tuner_command_writes_a_table(tmp_path):
                           "--n-max", "1024", "--m", "4", "--rep-ms", "5", "--out", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert "[2/2]" in run.stdout, run.stdout
+    assert "[3/3]" in run.stdout and "N=509 " in run.stdout, run.stdout  # 509: the odd length beside 512
+    assert "bucket 512: " in run.stdout, run.stdout  # one entry chosen across 509 and 512
     files = list(out.rglob("*.yaml"))
     assert len(files) == 1
     data = yaml.safe_load(files[0].read_text())
     assert set(data["entries"]["fused"]["float32"]) == {512, 1024}
     (covers,) = data["header"]["covers"]  # the finished run's line, its progress line replaced
-    assert "N 512..1024" in covers and "shapes recorded" not in covers, covers
+    assert "N 512..1024; odd lengths beside the tops" in covers and "shapes recorded" not in covers, covers
+    empty = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--n-min", "2048", "--n-max", "1024",
+                            "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert empty.returncode == 2 and "no bucket between" in empty.stderr, empty.stderr
+
+
+def test_a_default_tune_puts_an_odd_length_beside_each_short_bucket_top():
+    """Without --n the tuner times each bucket of 8..512 at its top and at top - 3: rows off 16 bytes rank short-row
+    configs differently (H200, session 41, probe 226); --no-odd and longer buckets keep the top alone."""
+    from tritonsoftmax.config import n_bucket
+    from tritonsoftmax.tune import ODD_BESIDE_MAX, _parse, default_lengths
+
+    assert default_lengths(1, 2048) == [1, 2, 4, 5, 8, 13, 16, 29, 32, 61, 64, 125, 128, 253, 256, 509, 512, 1024, 2048]
+    assert default_lengths(1, 64, odd=False) == [1, 2, 4, 8, 16, 32, 64]
+    assert default_lengths(300, 600) == [509, 512]  # from n_min's bucket up to n_max
+    assert default_lengths(300, 300) == []  # no bucket top in range: the command says so (above)
+    assert all(n_bucket(n - 3) == n and (n - 3) % 2 for n in (8, 16, 32, 64, 128, 256, ODD_BESIDE_MAX))
+    assert _parse(["--no-odd"]).no_odd and not _parse([]).no_odd
 
 
 def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):

@@ -6,6 +6,7 @@ to the row's length), and writes the winners to a tuning table (``tune_cache/<ba
 layout).
 
     python -m tritonsoftmax.tune                                 # what `auto` uses, all dtypes, N = 1 .. 8M
+                                                                  # (buckets of 8..512 also at top - 3: odd rows)
     python -m tritonsoftmax.tune --dtypes float32 --n-max 65536  # a part of it
     python -m tritonsoftmax.tune --families fused online tile    # every family, not only auto's
     python -m tritonsoftmax.tune --families coop --n 152064 --m 32  # one exact shape (stored under its bucket)
@@ -36,6 +37,20 @@ from .kernel_timer import NEEDS_GPU, TIMERS, kernel_ms
 
 FORWARD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}  # tables are tuned on plain softmax (the same kernels' cost)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# A run without --n tunes each bucket top of 8..ODD_BESIDE_MAX with an odd length of its bucket beside it (top - 3).
+# Odd rows start off 16 bytes, several short rows a program then load element by element, and that ranks configs
+# differently: H200, bf16 4096x13 2.89 against 3.71 us between two configs level at 4096x16, fp16 16384x50 2.96
+# against 3.89 (bench/NOTES.md, session 41, probe 226). Longer rows are tuned at the top alone: one row a program.
+ODD_BESIDE_MAX = 512
+
+
+def default_lengths(n_min: int, n_max: int, odd: bool = True) -> list[int]:
+    """The row lengths a run without --n tunes: the bucket tops of n_min..n_max, and with ``odd`` beside each top
+    of 8..ODD_BESIDE_MAX the odd length top - 3 (in the same bucket, so the two give one entry)."""
+    from .config import n_bucket
+
+    tops = [b for b in (2**k for k in range(31)) if n_bucket(n_min) <= b <= n_max]
+    return sorted(tops + [b - 3 for b in tops if odd and 8 <= b <= ODD_BESIDE_MAX])
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +67,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "it, e.g. coop with few rows: 32x152064 against 32x262144). Several lengths in one "
                          "bucket give one entry: the config whose worst time, as a share of the best config's "
                          "at each length, is least")
+    ap.add_argument("--no-odd", action="store_true",
+                    help=f"without --n: tune each bucket at its top alone, not also at an odd length beside the tops "
+                         f"of 8..{ODD_BESIDE_MAX} (rows off 16 bytes, which rank short-row configs differently)")
     ap.add_argument("--up-to", action="store_true",
                     help="with --n: store each entry under the longest of its lengths instead of the bucket; it "
                          "then serves the bucket's rows up to that length, and a longer key of the bucket (the "
@@ -197,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.up_to and not args.n:
         print("error: --up-to stores entries under the longest --n length; give --n", file=sys.stderr)
         return 2
-    lengths = sorted(set(args.n)) if args.n else [b for b in (2**k for k in range(0, 31))
-                                                   if n_bucket(args.n_min) <= b <= args.n_max]
+    lengths = sorted(set(args.n)) if args.n else default_lengths(args.n_min, args.n_max, not args.no_odd)
+    if not lengths:
+        print(f"error: no bucket between --n-min {args.n_min} and --n-max {args.n_max}", file=sys.stderr)
+        return 2
+    tops = [n for n in lengths if n & (n - 1) == 0]
     groups: dict[tuple, list[tuple[int, int]]] = {}  # (family, dtype, N bucket, M bucket) -> [(N, M)]
     capped: dict[tuple[int, int], int] = {}  # (N, asked M) -> the M tuned, where --max-elements cut it
     for dname in args.dtypes:
@@ -218,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                             shapes.append((N, M))
     n_shapes = sum(map(len, groups.values()))
     covers = (f"{'+'.join(args.families)}{' backward' if args.backward else ''}; {'/'.join(args.dtypes)}; "
-              f"N {'/'.join(map(str, lengths)) if args.n else f'{lengths[0]}..{lengths[-1]}'}; "
+              f"N {'/'.join(map(str, lengths)) if args.n else f'{tops[0]}..{tops[-1]}'}"
+              f"{'; odd lengths beside the tops' if not args.n and len(tops) < len(lengths) else ''}; "
               f"M {'/'.join(map(str, args.m))} (M*N <= {args.max_elements})"
               f"{'; entries up to the longest length' if args.up_to else ''}"
               f"{'; kernel time' if args.timer == 'kernel' else ''}")
