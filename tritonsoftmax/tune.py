@@ -40,7 +40,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # A run without --n tunes each bucket top of 8..ODD_BESIDE_MAX with an odd length of its bucket beside it (top - 3).
 # Odd rows start off 16 bytes, several short rows a program then load element by element, and that ranks configs
 # differently: H200, bf16 4096x13 2.89 against 3.71 us between two configs level at 4096x16, fp16 16384x50 2.96
-# against 3.89 (bench/NOTES.md, session 41, probe 226). Longer rows are tuned at the top alone: one row a program.
+# against 3.89 (bench/NOTES.md, session 41, probe 226). Longer buckets keep the top alone: not measured there, and
+# their one-row configs realign odd rows (kernels/_common.row_align); give --n an odd length to tune one that way.
 ODD_BESIDE_MAX = 512
 
 
