@@ -2,14 +2,14 @@
 
 import pytest
 import torch
-from synthetic_devices import GFX942, SM89, SM90
+from synthetic_devices import GFX942, SM89, SM90, meta_problem
 
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, gluon_available
 from tritonsoftmax.kernels._common import chunks
-from tritonsoftmax.layout import matrix_problem, whole_vectors
+from tritonsoftmax.layout import whole_vectors
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
@@ -312,8 +312,7 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == ("smem" if backward else "coop")
     assert (chunks(N, dict(config.meta)), config["TILES"]) == want and config["BLOCK"] == 1024
     assert config["CLUSTER"] == 1 and config["BLOCK_G"] == 16 and config.num_warps == 4
-    x = torch.empty(M, N, device="meta")
-    run = family("smem").dispatched_form(matrix_problem(x, x), config, SM90)
+    run = family("smem").dispatched_form(meta_problem(M, N), config, SM90)
     assert chunks(N, dict(run.meta)) == want[0] and run["TILES"] == want[1], "the cut keeps the ruled chunks"
     for other in (dispatch.Shape(M, N, torch.bfloat16, SM90), dispatch.Shape(M, N, torch.bfloat16, SM90, backward=True),
                   dispatch.Shape(M, N, torch.float32, SM89), dispatch.Shape(M, N, torch.float32, GFX942)):
