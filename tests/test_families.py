@@ -688,3 +688,58 @@ def test_fused_backward_reload_configs_only_for_long_rows():
         reload = [c for c in configs if dict(c.meta).get("RELOAD")]
         assert one_row and {c.with_meta(RELOAD=1) for c in one_row} == set(reload), N
         assert not [c for c in fused.FAMILY.configs(SM90, 4096, N) if dict(c.meta).get("RELOAD")], "forward: none"
+
+
+def test_fused_small_tiles_give_short_rows_more_programs_at_2_to_8_values_a_thread():
+    """Several-row tiles of 512 and 1024 elements join the 2K-8K ones for blocks under 1024 (odd short rows want
+    more programs: session 42, probe 232), each with 2-8 values a thread (1 warp at 64 rows of 16 ran 0.37x auto),
+    on 32-wide warps and on AMD's 64-wide wavefronts; none where M has too few rows to fill one."""
+    from synthetic_devices import GFX942, SM90
+
+    for device in (SM90, GFX942):
+        for N in (5, 13, 16, 50, 256, 512, 1024):
+            block = next_pow2(N)
+            small = [c for c in fused.FAMILY.configs(device, 4096, N)
+                     if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES) and dict(c.meta).get("STAGES", 1) == 1]
+            tiles = {c["ROWS"] * block for c in small}
+            assert tiles == {t for t in fused.SMALL_TILES if t > block}, (device.arch, N, tiles)
+            for c in small:
+                per_thread = c["ROWS"] * block / (c.num_warps * device.warp_size)
+                assert 2 <= per_thread <= 8 or (c.num_warps == 1 and per_thread < 2), (device.arch, N, c)
+            assert small == [c for c in fused.BWD_FAMILY.configs(device, 4096, N)
+                             if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES)], "the backward shares them"
+    assert LaunchConfig.make(4, BLOCK_N=16, ROWS=32) in fused.FAMILY.configs(SM90, 4096, 13)
+    assert not [c for c in fused.FAMILY.configs(SM90, 3, 13) if c["ROWS"] > 4]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+SMALL_TILE_CASES = [(13, LaunchConfig.make(4, BLOCK_N=16, ROWS=32)), (5, LaunchConfig.make(4, BLOCK_N=8, ROWS=64)),
+                    (50, LaunchConfig.make(4, BLOCK_N=64, ROWS=8))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("N,config", SMALL_TILE_CASES, ids=[f"N{n}" for n, _ in SMALL_TILE_CASES])
+def test_fused_small_tile_configs_match_reference_forward_and_backward(N, config, dtype):
+    """The small-tile configs the H200 table now holds (bucket 8, 16 and 64 entries), on odd rows whose last program
+    is partial (M not a multiple of ROWS), forward and backward (softmax and log_softmax, scale -0.5)."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.kernels import backward_family
+    from tritonsoftmax.layout import matrix_problem
+
+    M = 3 * config["ROWS"] + 5
+    x = random_input((M, N), dtype, DEVICE, seed=N)
+    y = poisoned_like(x)
+    assert fused.launch(x, y, config) == config
+    assert_softmax_close(y, x)
+    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    for log in (False, True):
+        ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(dtype)
+        dx = poisoned_like(x)
+        back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
+                                                flags={"LOG": int(log)})
+        back(dy, dx, ys, -0.5)
+        assert_grad_close(dx, dy, ys, scale=-0.5, log=log)

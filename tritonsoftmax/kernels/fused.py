@@ -275,9 +275,9 @@ def _softmax_fused_bwd_kernel(
 
 def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
              max_per_thread: int = 32) -> list[LaunchConfig]:
-    """One or several rows a program over the warp counts (8 to ``max_per_thread`` values a thread);
-    with ``pipelined`` (the forward kernel only) also the persistent pipelined configs for long rows
-    and for many short rows."""
+    """One or several rows a program over the warp counts (8 to ``max_per_thread`` values a thread),
+    and several-row tiles of SMALL_TILES elements at 2-8 values a thread; with ``pipelined`` (the forward
+    kernel only) also the persistent pipelined configs for long rows and for many short rows."""
     block_n = next_power_of_2(N)
     # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
     rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
