@@ -694,11 +694,12 @@ def test_fused_small_tiles_give_short_rows_more_programs_at_2_to_8_values_a_thre
     """Several-row tiles of 512 and 1024 elements join the 2K-8K ones for blocks under 1024 (odd short rows want
     more programs: session 42, probe 232), each with 2-8 values a thread (1 warp at 64 rows of 16 ran 0.37x auto),
     on 32-wide warps and on AMD's 64-wide wavefronts; none where M has too few rows to fill one."""
+    import triton
     from synthetic_devices import GFX942, SM90
 
     for device in (SM90, GFX942):
         for N in (5, 13, 16, 50, 256, 512, 1024):
-            block = next_pow2(N)
+            block = triton.next_power_of_2(N)
             small = [c for c in fused.FAMILY.configs(device, 4096, N)
                      if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES) and dict(c.meta).get("STAGES", 1) == 1]
             tiles = {c["ROWS"] * block for c in small}
@@ -710,10 +711,6 @@ def test_fused_small_tiles_give_short_rows_more_programs_at_2_to_8_values_a_thre
                              if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES)], "the backward shares them"
     assert LaunchConfig.make(4, BLOCK_N=16, ROWS=32) in fused.FAMILY.configs(SM90, 4096, 13)
     assert not [c for c in fused.FAMILY.configs(SM90, 3, 13) if c["ROWS"] > 4]
-
-
-def next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 SMALL_TILE_CASES = [(13, LaunchConfig.make(4, BLOCK_N=16, ROWS=32)), (5, LaunchConfig.make(4, BLOCK_N=8, ROWS=64)),
