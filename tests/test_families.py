@@ -724,9 +724,6 @@ def test_fused_small_tile_configs_match_reference_forward_and_backward(N, config
     is partial (M not a multiple of ROWS), forward and backward (softmax and log_softmax, scale -0.5)."""
     from softmax_ref import assert_grad_close
 
-    from tritonsoftmax.kernels import backward_family
-    from tritonsoftmax.layout import matrix_problem
-
     M = 3 * config["ROWS"] + 5
     x = random_input((M, N), dtype, DEVICE, seed=N)
     y = poisoned_like(x)
@@ -736,7 +733,5 @@ def test_fused_small_tile_configs_match_reference_forward_and_backward(N, config
     for log in (False, True):
         ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(dtype)
         dx = poisoned_like(x)
-        back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
-                                                flags={"LOG": int(log)})
-        back(dy, dx, ys, -0.5)
+        fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log)
         assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
