@@ -700,15 +700,15 @@ def test_fused_small_tiles_give_short_rows_more_programs_at_2_to_8_values_a_thre
     for device in (SM90, GFX942):
         for N in (5, 13, 16, 50, 256, 512, 1024):
             block = triton.next_power_of_2(N)
-            small = [c for c in fused.FAMILY.configs(device, 4096, N)
-                     if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES) and dict(c.meta).get("STAGES", 1) == 1]
+            small = [c for c in fused.FAMILY.configs(device, 4096, N) if c["ROWS"] > 1 and c["ROWS"] * block
+                     < min(fused.TILES) and dict(c.meta).get("STAGES", 1) == 1 and not dict(c.meta).get("I32")]
             tiles = {c["ROWS"] * block for c in small}
             assert tiles == {t for t in fused.SMALL_TILES if t > block}, (device.arch, N, tiles)
             for c in small:
                 per_thread = c["ROWS"] * block / (c.num_warps * device.warp_size)
                 assert 2 <= per_thread <= 8 or (c.num_warps == 1 and per_thread < 2), (device.arch, N, c)
-            assert small == [c for c in fused.BWD_FAMILY.configs(device, 4096, N)
-                             if c["ROWS"] > 1 and c["ROWS"] * block < min(fused.TILES)], "the backward shares them"
+            assert small == [c for c in fused.BWD_FAMILY.configs(device, 4096, N) if c["ROWS"] > 1
+                             and c["ROWS"] * block < min(fused.TILES) and not dict(c.meta).get("I32")], "shared"
     assert LaunchConfig.make(4, BLOCK_N=16, ROWS=32) in fused.FAMILY.configs(SM90, 4096, 13)
     assert not [c for c in fused.FAMILY.configs(SM90, 3, 13) if c["ROWS"] > 4]
 
@@ -735,3 +735,87 @@ def test_fused_small_tile_configs_match_reference_forward_and_backward(N, config
         dx = poisoned_like(x)
         fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log)
         assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
+
+
+def test_fused_i32_configs_are_several_row_tiles_at_32_values_a_thread():
+    """32-bit offsets (I32) come only with several-row tiles of I32_TILES elements at 32 values a thread (one
+    wavefront where a 64-wide one holds fewer), never with one-row configs; the backward shares them."""
+    import triton
+    from synthetic_devices import GFX942, SM90
+
+    for device in (SM90, GFX942):
+        for N in (5, 13, 160, 256, 600, 1500, 4096):
+            block = triton.next_power_of_2(N)
+            for fam in (fused.FAMILY, fused.BWD_FAMILY):
+                i32 = [c for c in fam.configs(device, 16384, N) if dict(c.meta).get("I32")]
+                assert {c["ROWS"] * block for c in i32} == {t for t in fused.I32_TILES if t > block}, (N, i32)
+                for c in i32:
+                    per_thread = c["ROWS"] * block / (c.num_warps * device.warp_size)
+                    assert c["ROWS"] > 1 and (per_thread == 32 or (c.num_warps == 1 and per_thread < 32)), (N, c)
+    assert LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1) in fused.BWD_FAMILY.configs(SM90, 16384, 160)
+
+
+I32_CASES = [(160, LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)), (13, LaunchConfig.make(2, BLOCK_N=16, ROWS=128,
+                                                                                             I32=1))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N,config", I32_CASES, ids=[f"N{n}" for n, _ in I32_CASES])
+def test_fused_i32_configs_match_reference_on_strided_rows(N, config, dtype):
+    """I32 configs on rows with a padded row stride, on a transposed (column-strided) input, and on inner rows (softmax
+    over dim 1 of a 3-D tensor), each with a partial last program: forward, and backward (softmax and log_softmax,
+    scale -0.5) for the 2-D layouts."""
+    from softmax_ref import assert_grad_close
+
+    from tritonsoftmax.layout import row_problem
+
+    M = 2 * config["ROWS"] + 3
+    padded = random_input((M, N + 8), dtype, DEVICE, seed=N)[:, :N]
+    transposed = random_input((N, M), dtype, DEVICE, seed=N + 1).t()
+    for x in (padded, transposed):
+        y = poisoned_like(x)
+        assert fused.launch(x, y, config) == config
+        assert_softmax_close(y, x)
+        dy = random_input((M, N), dtype, DEVICE, seed=N + 2)
+        for log in (False, True):
+            ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(dtype)
+            dx = poisoned_like(ys)
+            assert fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log) == config
+            assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
+    x3 = random_input((3, N, config["ROWS"] // 2 + 1), dtype, DEVICE, seed=N + 3)
+    y3 = poisoned_like(x3)
+    problem = row_problem(x3, y3, 1)
+    assert problem.inner > 1
+    launch = fused.FAMILY.prepare(problem, config, device_info(x3.device), flags={"LOG": 0, "ZERO_MASKED": 0})
+    assert launch(x3, y3, 1.0) == config
+    assert_softmax_close(y3, x3, dim=1)
+
+
+def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit():
+    """A stored or explicit I32 config on a problem whose tiles would compute an offset past 2**31 - 1 runs in 64-bit
+    (PreparedLaunch), and the runtime autotuner drops I32 configs there; at the boundary, exactly."""
+    from synthetic_devices import SM90
+
+    from tritonsoftmax.kernels._common import _named_offsets_fit_int32
+    from tritonsoftmax.layout import RowProblem, RowStrides, offsets_fit_int32
+
+    config = LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)
+    # Tiles of 4 rows of 256 columns over M rows of stride 256: the last padded row starts at (ceil(M/4)*4 - 1)*256.
+    limit_rows = 2**31 // 256  # rows 0 .. limit_rows - 1 have every offset < 2**31
+    contiguous = RowStrides(256, 0, 1)
+    assert offsets_fit_int32(limit_rows, 1, contiguous, 4, 256)
+    assert not offsets_fit_int32(limit_rows + 1, 1, contiguous, 4, 256)
+    assert not offsets_fit_int32(limit_rows - 1, 1, RowStrides(256, 0, 2), 4, 256), "column stride counts"
+    assert offsets_fit_int32(8, 1, RowStrides(-256, 0, 1), 4, 256)
+    for M, fits in ((limit_rows, True), (limit_rows + 1, False)):
+        problem = RowProblem(M, 200, 1, contiguous, contiguous, torch.bfloat16)
+        for fam in (fused.FAMILY, fused.BWD_FAMILY):
+            launched = fam.prepare(problem, config, SM90, flags={"LOG": 0}).config
+            assert launched == (config if fits else config.with_meta(I32=0)), (M, fam.name)
+        named = {"M": M, "N": 200, "INNER": 1, "stride_g_outer": 256, "stride_g_inner": 0, "stride_g_col": 1,
+                 "stride_d_outer": 256, "stride_d_inner": 0, "stride_d_col": 1}
+        assert _named_offsets_fit_int32(named, 4, 256) is fits
+        assert _named_offsets_fit_int32({**named, "M": 8, "stride_d_outer": 2**29}, 4, 256) is False, "any layout"
+    plain = LaunchConfig.make(1, BLOCK_N=256, ROWS=4)
+    big = RowProblem(limit_rows * 4, 200, 1, contiguous, contiguous, torch.bfloat16)
+    assert fused.FAMILY.prepare(big, plain, SM90, flags={"LOG": 0}).config == plain

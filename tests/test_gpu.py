@@ -52,6 +52,26 @@ def test_more_than_2_pow_31_elements(impl):
     assert worst <= TOL[torch.bfloat16], f"max abs error {worst}"
 
 
+def test_i32_config_past_2_pow_31_elements_runs_in_64_bit_and_is_exact():
+    """A fused config asking for 32-bit offsets (I32, as a table entry may) on 2^31 + 1280 elements: the launch runs
+    it with 64-bit offsets, and every element of the forward and the backward is right (a wrapped offset would
+    write the first rows' outputs from the last rows' inputs)."""
+    from softmax_ref import assert_grad_close
+
+    M, N = (1 << 23) + 5, 256
+    config = LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)
+    x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
+    y = torch.full_like(x, float("nan"))
+    assert fused.launch(x, y, config) == config.with_meta(I32=0)
+    dy = torch.empty_like(x).normal_(0, 1)
+    dx = torch.full_like(x, float("nan"))
+    assert fused.launch_backward(dy, y, dx, config) == config.with_meta(I32=0)
+    for r in range(0, M, 1 << 16):  # every element, a chunk of rows at a time
+        rows = slice(r, r + (1 << 16))
+        assert_softmax_close(y[rows], x[rows])
+        assert_grad_close(dx[rows], dy[rows], y[rows])
+
+
 def test_autotuner_runs_and_picks_a_config_from_the_search_space(monkeypatch):
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
     x = random_input((4096, 1000), torch.float32, DEVICE)

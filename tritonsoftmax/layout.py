@@ -38,6 +38,16 @@ class RowStrides:
     col: int
 
 
+def offsets_fit_int32(M: int, inner: int, strides: RowStrides, rows: int, block_n: int) -> bool:
+    """Whether the largest element offset that tiles of ``rows`` rows by ``block_n`` columns compute over M rows
+    of one layout (the last tile's padded rows and the columns past N included: masked, but computed) fits in a
+    signed 32-bit integer."""
+    last = -(-M // rows) * rows - 1
+    biggest = ((last // inner) * abs(strides.outer) + min(last, inner - 1) * abs(strides.inner)
+               + (block_n - 1) * abs(strides.col))
+    return biggest < 2**31
+
+
 @dataclass(frozen=True)
 class RowProblem:
     """M rows of N elements, ``inner`` rows per outer index, the strides of input and output, and the
@@ -59,6 +69,11 @@ class RowProblem:
     def rows_dense(self) -> bool:
         """Whether input and output are both M contiguous rows of N, back to back (row r at r * N)."""
         return self.inner == 1 and all(t.col == 1 and t.outer == self.N for t in (self.x, self.y))
+
+    def offsets_fit_int32(self, rows: int, block_n: int) -> bool:
+        """Whether every element offset a tile of ``rows`` rows by ``block_n`` columns computes (padded rows
+        past M and columns past N included) fits in a signed 32-bit integer, in input and output."""
+        return all(offsets_fit_int32(self.M, self.inner, t, rows, block_n) for t in (self.x, self.y))
 
     def kernel_args(self) -> tuple[int, ...]:
         """The shape/stride arguments every kernel takes after its two pointers."""

@@ -25,6 +25,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -35,7 +36,7 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2, save_tuning_enabled
 from ..device import DeviceInfo, cuda_index, device_info, interpreter_active
-from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
+from ..layout import ALIGN_BYTES, RowProblem, RowStrides, matrix_problem, offsets_fit_int32
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -459,7 +460,9 @@ class Family:
             if interpreter_active():
                 return [self.heuristic(device, M, N).to_triton()]
             wanted = set(self.configs(device, M, N))
-            kept = [c for c in configs if LaunchConfig.from_triton(c) in wanted]
+            fits = partial(_named_offsets_fit_int32, named_args)
+            kept = [c for c in configs if LaunchConfig.from_triton(c) in wanted
+                    and int32_offsets_allowed(LaunchConfig.from_triton(c), fits)]
             return kept or [self.heuristic(device, M, N).to_triton()]
 
         # The superset over every bucket; `prune` keeps those valid for the shape at hand.
@@ -741,6 +744,8 @@ class PreparedLaunch:
             config = family.heuristic(device, problem.M, problem.N)
         if config is not None and dict(config.meta).get("DENSE"):
             check_dense(problem, config)
+        if config is not None and not int32_offsets_allowed(config, problem.offsets_fit_int32):
+            config = config.with_meta(I32=0)  # 32-bit offsets would wrap: the same config in 64-bit
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
         self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC, TAIL): not tuned
@@ -982,6 +987,21 @@ def resident_programs(device: DeviceInfo, n_regs: int, num_warps: int, shared_by
     by_regs = (device.regs_per_sm // regs_per_warp) // num_warps
     by_smem = device.shared_mem_per_block // (shared_bytes + SMEM_RESERVED_PER_PROGRAM) if shared_bytes else by_threads
     return max(0, min(by_threads, by_regs, by_smem, MAX_PROGRAMS_PER_SM))
+
+
+def int32_offsets_allowed(config: LaunchConfig, fits: Callable[[int, int], bool]) -> bool:
+    """False for a config asking for 32-bit offsets (I32) where ``fits(rows, block_n)`` says an offset of its
+    tiles would pass 2**31 - 1; True otherwise."""
+    meta = dict(config.meta)
+    return not meta.get("I32") or fits(meta.get("ROWS", 1), meta["BLOCK_N"])
+
+
+def _named_offsets_fit_int32(named_args: dict, rows: int, block_n: int) -> bool:
+    """RowProblem.offsets_fit_int32 from a kernel call's named arguments (M, INNER, stride_<t>_outer/inner/col)."""
+    layouts = {k[len("stride_"):-len("_outer")] for k in named_args if k.startswith("stride_") and k.endswith("_outer")}
+    return all(offsets_fit_int32(named_args["M"], named_args["INNER"], RowStrides(
+        named_args[f"stride_{t}_outer"], named_args[f"stride_{t}_inner"], named_args[f"stride_{t}_col"]), rows, block_n)
+        for t in layouts)
 
 
 def check_dense(problem: RowProblem, config: LaunchConfig) -> None:

@@ -32,6 +32,11 @@ TILES = (2048, 4096, 8192)  # elements per program when a program takes several 
 # bf16 1.65 us (ROWS 32, 4 warps) against 2.89, fp32 1.75 against 2.71, bf16 16384x13 1.98 against 3.07; level
 # at 4096x16 (1.52-1.56 against 1.55).
 SMALL_TILES = (512, 1024)
+# Several-row tiles on few warps at 32 values a thread with 32-bit offsets (I32): a one-warp program is bound by
+# instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS, 4 rows of 256 bf16 on
+# 1 warp: 392 -> 360). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp 6.01-6.12 us
+# against auto's 6.26-6.36 (8 rows on 8 warps) and torch.compile's 5.98-6.10; the same tile in 64-bit 6.51-6.58.
+I32_TILES = (1024, 2048, 4096)
 MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
 RELOAD_MIN_N = 8192  # one-row backward configs of blocks this long or longer also come with RELOAD
@@ -45,8 +50,11 @@ SHORT_PIPELINED_BLOCKS = (256, 512)
 
 
 @triton.jit
-def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col):
-    """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges)."""
+def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32: tl.constexpr):
+    """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges); 64-bit, or 32-bit with
+    I32 (PreparedLaunch keeps I32 only where every offset the tile computes fits: offsets_fit_int32)."""
+    if I32:
+        return ((rows // INNER) * stride_outer + (rows % INNER) * stride_inner)[:, None] + (cols * stride_col)[None, :]
     return row_offsets(rows, INNER, stride_outer, stride_inner)[:, None] + (cols * stride_col)[None, :]
 
 
@@ -85,7 +93,7 @@ def _fused_fwd_tile(
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    ALIGN: tl.constexpr, TAIL: tl.constexpr,
+    ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1 and ALIGN == 1:
@@ -114,12 +122,12 @@ def _fused_fwd_tile(
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
-        z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col), mask,
-                        scale)
+        z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32),
+                        mask, scale)
         m = tl.max(z, axis=1)[:, None]
         s = tl.sum(exp(z - m), axis=1)[:, None]
         y = finish(z, m, s, LOG, ZERO_MASKED)
-        y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col)
+        y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
@@ -145,7 +153,7 @@ def _softmax_fused_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, I32: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -170,17 +178,21 @@ def _softmax_fused_fwd_kernel(
     plus a TAIL-element block, so a row just past a power of two (16392 fp32) takes registers for
     16384 + 8 elements, not 32768; a realigned one-row tile (ALIGN > 1) holds its whole groups in
     BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); several-row tiles ignore it.
+    I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
+    a value for a program of 1 warp; PreparedLaunch turns it off where an offset could pass 2**31 - 1.
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL)
+                        stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
+                        I32)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
-                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL)
+                            stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
+                            I32)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -191,6 +203,7 @@ def _softmax_fused_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0, HINTS: tl.constexpr = 1,
+    I32: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -208,6 +221,7 @@ def _softmax_fused_bwd_kernel(
     r * BLOCK_N (a compile-time stride, 64-bit): run-time strides and masks cost registers the 32K
     block cannot spare.
     HINTS: RELOAD's and DENSE's eviction hints (NVIDIA PTX); 0 on AMD, where they load plainly twice.
+    I32: as in the forward (several-row and tail tiles).
     """
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
@@ -218,13 +232,13 @@ def _softmax_fused_bwd_kernel(
         cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         mask_t = (rows < M)[:, None] & (cols_t < N)[None, :]
-        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
-        g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col)
+        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
+        g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         dy, y = load_f32(dy_ptr + g_off, mask), load_f32(y_ptr + g_off, mask)
         dy_t, y_t = load_f32(dy_ptr + g_off_t, mask_t), load_f32(y_ptr + g_off_t, mask_t)
         red = (tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1))[:, None]
-        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
-        d_off_t = _tile_offsets(rows, cols_t, INNER, stride_d_outer, stride_d_inner, stride_d_col)
+        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
+        d_off_t = _tile_offsets(rows, cols_t, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
         tl.store(dx_ptr + d_off, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + d_off_t, grad_input(dy_t, y_t, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask_t)
     elif DENSE:
@@ -238,7 +252,7 @@ def _softmax_fused_bwd_kernel(
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
-        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col)
+        g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         dy = load_f32(dy_ptr + g_off, mask, KEEP * RELOAD * HINTS)
         y = load_f32(y_ptr + g_off, mask, KEEP * RELOAD * HINTS)
         red = tl.sum(grad_term(dy, y, LOG), axis=1)[:, None]
@@ -246,7 +260,7 @@ def _softmax_fused_bwd_kernel(
             dy = load_f32(dy_ptr + g_off, mask, DROP * HINTS)
             y = load_f32(y_ptr + g_off, mask, DROP * HINTS)
         dx = grad_input(dy, y, red, scale, LOG)
-        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col)
+        d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
         tl.store(dx_ptr + d_off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     elif TAIL == 0:
         base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N,
@@ -276,7 +290,8 @@ def _softmax_fused_bwd_kernel(
 def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
              max_per_thread: int = 32) -> list[LaunchConfig]:
     """One or several rows a program over the warp counts (8 to ``max_per_thread`` values a thread),
-    and several-row tiles of SMALL_TILES elements at 2-8 values a thread; with ``pipelined`` (the forward
+    several-row tiles of SMALL_TILES elements at 2-8 values a thread, and of I32_TILES elements at 32 values a
+    thread with 32-bit offsets; with ``pipelined`` (the forward
     kernel only) also the persistent pipelined configs for long rows and for many short rows."""
     block_n = next_power_of_2(N)
     # One row per program, or as many rows as make a 2K/4K/8K-element tile (no more than M needs).
@@ -289,6 +304,10 @@ def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
         if block_n < tile and tile // block_n <= next_power_of_2(M):
             for nw in _common.warp_choices(device, tile, min_per_thread=2, max_per_thread=8, max_warps=32):
                 out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n))
+    for tile in I32_TILES:
+        if block_n < tile and tile // block_n <= next_power_of_2(M):
+            for nw in _common.warp_choices(device, tile, min_per_thread=32, max_per_thread=32, max_warps=32):
+                out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n, I32=1))
     if pipelined and block_n >= PIPELINED_MIN_N and M > device.sm_count:
         # Persistent and pipelined: one program an SM, the next rows' loads in flight through shared
         # memory (STAGES - 1 rows of BLOCK_N; configs too big for shared memory fail to compile and are skipped).
