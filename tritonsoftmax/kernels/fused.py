@@ -54,8 +54,10 @@ def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32
     """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges); 64-bit, or 32-bit with
     I32 (PreparedLaunch keeps I32 only where every offset the tile computes fits: offsets_fit_int32)."""
     if I32:
-        return ((rows // INNER) * stride_outer + (rows % INNER) * stride_inner)[:, None] + (cols * stride_col)[None, :]
-    return row_offsets(rows, INNER, stride_outer, stride_inner)[:, None] + (cols * stride_col)[None, :]
+        starts = (rows // INNER) * stride_outer + (rows % INNER) * stride_inner
+    else:
+        starts = row_offsets(rows, INNER, stride_outer, stride_inner)
+    return starts[:, None] + (cols * stride_col)[None, :]
 
 
 @triton.jit
