@@ -793,10 +793,11 @@ def test_fused_i32_configs_match_reference_on_strided_rows(N, config, dtype):
 
 def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit():
     """A stored or explicit I32 config on a problem whose tiles would compute an offset past 2**31 - 1 runs in 64-bit
-    (PreparedLaunch), and the runtime autotuner drops I32 configs there; at the boundary, exactly."""
+    (PreparedLaunch); at the boundary, exactly. The runtime autotuner caches its pick per (N_BUCKET, M_BUCKET) and
+    prunes only on a new key, so such problems get a negative M_BUCKET, and the pruning drops I32 configs there."""
     from synthetic_devices import SM90
 
-    from tritonsoftmax.kernels._common import _named_offsets_fit_int32
+    from tritonsoftmax.kernels._common import TILE_COLS_BOUND, TILE_ROWS_BOUND, pruned_for_key
     from tritonsoftmax.layout import RowProblem, RowStrides, offsets_fit_int32
 
     config = LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)
@@ -806,16 +807,27 @@ def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit()
     assert offsets_fit_int32(limit_rows, 1, contiguous, 4, 256)
     assert not offsets_fit_int32(limit_rows + 1, 1, contiguous, 4, 256)
     assert not offsets_fit_int32(limit_rows - 1, 1, RowStrides(256, 0, 2), 4, 256), "column stride counts"
+    assert not offsets_fit_int32(8, 1, RowStrides(2**29, 0, 1), 4, 256)
     assert offsets_fit_int32(8, 1, RowStrides(-256, 0, 1), 4, 256)
     for M, fits in ((limit_rows, True), (limit_rows + 1, False)):
         problem = RowProblem(M, 200, 1, contiguous, contiguous, torch.bfloat16)
+        wide_out = RowProblem(8, 200, 1, contiguous, RowStrides(2**29, 0, 1), torch.bfloat16)
         for fam in (fused.FAMILY, fused.BWD_FAMILY):
             launched = fam.prepare(problem, config, SM90, flags={"LOG": 0}).config
             assert launched == (config if fits else config.with_meta(I32=0)), (M, fam.name)
-        named = {"M": M, "N": 200, "INNER": 1, "stride_g_outer": 256, "stride_g_inner": 0, "stride_g_col": 1,
-                 "stride_d_outer": 256, "stride_d_inner": 0, "stride_d_col": 1}
-        assert _named_offsets_fit_int32(named, 4, 256) is fits
-        assert _named_offsets_fit_int32({**named, "M": 8, "stride_d_outer": 2**29}, 4, 256) is False, "any layout"
+            assert fam.prepare(wide_out, config, SM90, flags={"LOG": 0}).config == config.with_meta(I32=0), "output"
     plain = LaunchConfig.make(1, BLOCK_N=256, ROWS=4)
     big = RowProblem(limit_rows * 4, 200, 1, contiguous, contiguous, torch.bfloat16)
     assert fused.FAMILY.prepare(big, plain, SM90, flags={"LOG": 0}).config == plain
+    # The autotuner's key: positive where every I32 tile fits (at most TILE_ROWS_BOUND rows of TILE_COLS_BOUND).
+    near = limit_rows - 2 * TILE_ROWS_BOUND  # a multiple of TILE_ROWS_BOUND: its last tile ends at row near - 1
+    assert (near - 1) * 256 + TILE_COLS_BOUND - 1 < 2**31 and near % TILE_ROWS_BOUND == 0
+    for M, sign in ((16384, 1), (near, 1), (limit_rows + 1, -1), (limit_rows * 4, -1)):
+        tail = fused.FAMILY.prepare(RowProblem(M, 200, 1, contiguous, contiguous, torch.bfloat16), None, SM90,
+                                    flags={"LOG": 0}).tail
+        assert tail[-1] * sign > 0 and abs(tail[-1]) == 16384, (M, tail[-1])
+    space = fused.FAMILY.configs(SM90, 16384, 200)
+    triton_configs = [c.to_triton() for c in space]
+    assert {LaunchConfig.from_triton(c) for c in pruned_for_key(triton_configs, set(space), 16384)} == set(space)
+    kept = {LaunchConfig.from_triton(c) for c in pruned_for_key(triton_configs, set(space), -16384)}
+    assert kept == {c for c in space if not dict(c.meta).get("I32")} and kept != set(space)

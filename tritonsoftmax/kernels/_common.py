@@ -25,7 +25,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import ClassVar
 
 import torch
@@ -36,7 +35,7 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2, save_tuning_enabled
 from ..device import DeviceInfo, cuda_index, device_info, interpreter_active
-from ..layout import ALIGN_BYTES, RowProblem, RowStrides, matrix_problem, offsets_fit_int32
+from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -404,6 +403,10 @@ def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
 
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
+# Bounds on what any several-row tile with 32-bit offsets (fused's I32) spans: rows (a tile holds at most fused's
+# MAX_TILE elements) and columns (fused takes rows of at most MAX_N; BLOCK_N is their next power of two).
+TILE_ROWS_BOUND = 16384
+TILE_COLS_BOUND = 65536
 
 
 def _interpreter_bench(kernel_call, quantiles=None):
@@ -459,10 +462,7 @@ class Family:
             M, N = named_args["M"], named_args["N"]
             if interpreter_active():
                 return [self.heuristic(device, M, N).to_triton()]
-            wanted = set(self.configs(device, M, N))
-            fits = partial(_named_offsets_fit_int32, named_args)
-            kept = [c for c in configs if LaunchConfig.from_triton(c) in wanted
-                    and int32_offsets_allowed(LaunchConfig.from_triton(c), fits)]
+            kept = pruned_for_key(configs, set(self.configs(device, M, N)), named_args["M_BUCKET"])
             return kept or [self.heuristic(device, M, N).to_triton()]
 
         # The superset over every bucket; `prune` keeps those valid for the shape at hand.
@@ -744,14 +744,18 @@ class PreparedLaunch:
             config = family.heuristic(device, problem.M, problem.N)
         if config is not None and dict(config.meta).get("DENSE"):
             check_dense(problem, config)
-        if config is not None and not int32_offsets_allowed(config, problem.offsets_fit_int32):
+        if config is not None and dict(config.meta).get("I32") and not problem.offsets_fit_int32(
+                config["ROWS"], config["BLOCK_N"]):
             config = config.with_meta(I32=0)  # 32-bit offsets would wrap: the same config in 64-bit
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
         self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC, TAIL): not tuned
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
-        self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M))
+        # The autotuner keys on (N_BUCKET, M_BUCKET) and prunes only on a key it has not seen; M_BUCKET is negative
+        # where some I32 config's offsets could pass 2**31 - 1, so such problems get a key (and a pruning) of their own.
+        narrow_ok = problem.offsets_fit_int32(TILE_ROWS_BOUND, TILE_COLS_BOUND)
+        self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M) * (1 if narrow_ok else -1))
         self._runner = self._warm = None
         self._aligned = None
         self.direct = self.__call__  # what a warm caller calls: direct_start's closure once a kernel is kept
@@ -989,19 +993,12 @@ def resident_programs(device: DeviceInfo, n_regs: int, num_warps: int, shared_by
     return max(0, min(by_threads, by_regs, by_smem, MAX_PROGRAMS_PER_SM))
 
 
-def int32_offsets_allowed(config: LaunchConfig, fits: Callable[[int, int], bool]) -> bool:
-    """False for a config asking for 32-bit offsets (I32) where ``fits(rows, block_n)`` says an offset of its
-    tiles would pass 2**31 - 1; True otherwise."""
-    meta = dict(config.meta)
-    return not meta.get("I32") or fits(meta.get("ROWS", 1), meta["BLOCK_N"])
-
-
-def _named_offsets_fit_int32(named_args: dict, rows: int, block_n: int) -> bool:
-    """RowProblem.offsets_fit_int32 from a kernel call's named arguments (M, INNER, stride_<t>_outer/inner/col)."""
-    layouts = {k[len("stride_"):-len("_outer")] for k in named_args if k.startswith("stride_") and k.endswith("_outer")}
-    return all(offsets_fit_int32(named_args["M"], named_args["INNER"], RowStrides(
-        named_args[f"stride_{t}_outer"], named_args[f"stride_{t}_inner"], named_args[f"stride_{t}_col"]), rows, block_n)
-        for t in layouts)
+def pruned_for_key(configs: list, wanted: set[LaunchConfig], m_bucket_key: int) -> list:
+    """The ``triton.Config``s of ``configs`` that are in ``wanted`` (the search space of the shape at hand), less
+    those with 32-bit offsets (I32) where the key's M_BUCKET is negative: a problem whose offsets could pass
+    2**31 - 1 (PreparedLaunch)."""
+    return [c for c in configs
+            if LaunchConfig.from_triton(c) in wanted and (m_bucket_key > 0 or not c.kwargs.get("I32"))]
 
 
 def check_dense(problem: RowProblem, config: LaunchConfig) -> None:

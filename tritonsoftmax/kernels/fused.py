@@ -52,7 +52,7 @@ SHORT_PIPELINED_BLOCKS = (256, 512)
 @triton.jit
 def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32: tl.constexpr):
     """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges); 64-bit, or 32-bit with
-    I32 (PreparedLaunch keeps I32 only where every offset the tile computes fits: offsets_fit_int32)."""
+    I32 (kept only where every offset the tile computes fits: PreparedLaunch and _common.pruned_for_key)."""
     if I32:
         starts = (rows // INNER) * stride_outer + (rows % INNER) * stride_inner
     else:
