@@ -722,18 +722,23 @@ SMALL_TILE_CASES = [(13, LaunchConfig.make(4, BLOCK_N=16, ROWS=32)), (5, LaunchC
 def test_fused_small_tile_configs_match_reference_forward_and_backward(N, config, dtype):
     """The small-tile configs the H200 table now holds (bucket 8, 16 and 64 entries), on odd rows whose last program
     is partial (M not a multiple of ROWS), forward and backward (softmax and log_softmax, scale -0.5)."""
+    M = 3 * config["ROWS"] + 5
+    _fused_forward_and_backward_match(random_input((M, N), dtype, DEVICE, seed=N), config, dy_seed=N + 1)
+
+
+def _fused_forward_and_backward_match(x: torch.Tensor, config: LaunchConfig, dy_seed: int) -> None:
+    """fused.launch, then fused.launch_backward (softmax and log_softmax, scale -0.5), with ``config`` over the rows of
+    the 2-D ``x``: each output poisoned first, launched with exactly ``config``, every element checked."""
     from softmax_ref import assert_grad_close
 
-    M = 3 * config["ROWS"] + 5
-    x = random_input((M, N), dtype, DEVICE, seed=N)
     y = poisoned_like(x)
     assert fused.launch(x, y, config) == config
     assert_softmax_close(y, x)
-    dy = random_input((M, N), dtype, DEVICE, seed=N + 1)
+    dy = random_input(tuple(x.shape), x.dtype, DEVICE, seed=dy_seed)
     for log in (False, True):
-        ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(dtype)
-        dx = poisoned_like(x)
-        fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log)
+        ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(x.dtype)
+        dx = poisoned_like(ys)
+        assert fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log) == config
         assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
 
 
@@ -765,23 +770,13 @@ def test_fused_i32_configs_match_reference_on_strided_rows(N, config, dtype):
     """I32 configs on rows with a padded row stride, on a transposed (column-strided) input, and on inner rows (softmax
     over dim 1 of a 3-D tensor), each with a partial last program: forward, and backward (softmax and log_softmax,
     scale -0.5) for the 2-D layouts."""
-    from softmax_ref import assert_grad_close
-
     from tritonsoftmax.layout import row_problem
 
     M = 2 * config["ROWS"] + 3
     padded = random_input((M, N + 8), dtype, DEVICE, seed=N)[:, :N]
     transposed = random_input((N, M), dtype, DEVICE, seed=N + 1).t()
     for x in (padded, transposed):
-        y = poisoned_like(x)
-        assert fused.launch(x, y, config) == config
-        assert_softmax_close(y, x)
-        dy = random_input((M, N), dtype, DEVICE, seed=N + 2)
-        for log in (False, True):
-            ys = (torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)).to(dtype)
-            dx = poisoned_like(ys)
-            assert fused.launch_backward(dy, ys, dx, config, scale=-0.5, log=log) == config
-            assert_grad_close(dx, dy, ys, scale=-0.5, log=log)
+        _fused_forward_and_backward_match(x, config, dy_seed=N + 2)
     x3 = random_input((3, N, config["ROWS"] // 2 + 1), dtype, DEVICE, seed=N + 3)
     y3 = poisoned_like(x3)
     problem = row_problem(x3, y3, 1)
