@@ -33,8 +33,8 @@ TILES = (2048, 4096, 8192)  # elements per program when a program takes several 
 # at 4096x16 (1.52-1.56 against 1.55).
 SMALL_TILES = (512, 1024)
 # Several-row tiles on few warps at 32 values a thread with 32-bit offsets (I32): a one-warp program is bound by
-# instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS, 4 rows of 256 bf16 on
-# 1 warp: 392 -> 360). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp 6.01-6.12 us
+# instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS of the backward, 4 rows of
+# 256 bf16 on 1 warp: 400 -> 368). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp 6.01-6.12 us
 # against auto's 6.26-6.36 (8 rows on 8 warps) and torch.compile's 5.98-6.10; the same tile in 64-bit 6.51-6.58.
 I32_TILES = (1024, 2048, 4096)
 MAX_TILE = 16384  # the most elements a several-row tile may hold
@@ -181,7 +181,8 @@ def _softmax_fused_fwd_kernel(
     16384 + 8 elements, not 32768; a realigned one-row tile (ALIGN > 1) holds its whole groups in
     BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); several-row tiles ignore it.
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
-    a value for a program of 1 warp; PreparedLaunch turns it off where an offset could pass 2**31 - 1.
+    a value for a program of 1 warp; off where an offset could pass 2**31 - 1 (PreparedLaunch,
+    _common.pruned_for_key).
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
