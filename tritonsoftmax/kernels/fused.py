@@ -33,9 +33,10 @@ TILES = (2048, 4096, 8192)  # elements per program when a program takes several 
 # at 4096x16 (1.52-1.56 against 1.55).
 SMALL_TILES = (512, 1024)
 # Several-row tiles on few warps at 32 values a thread with 32-bit offsets (I32): a one-warp program is bound by
-# instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS of the backward, 4 rows of
-# 256 bf16 on 1 warp: 400 -> 368). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp 6.01-6.12 us
-# against auto's 6.26-6.36 (8 rows on 8 warps) and torch.compile's 5.98-6.10; the same tile in 64-bit 6.51-6.58.
+# instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS of the backward, 4 rows
+# of 256 bf16 on 1 warp: 400 -> 368). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp
+# 6.01-6.12 us against auto's 6.26-6.36 (8 rows on 8 warps) and torch.compile's 5.98-6.10; the same tile in 64-bit
+# 6.51-6.58.
 I32_TILES = (1024, 2048, 4096)
 MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
