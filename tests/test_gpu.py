@@ -72,6 +72,34 @@ def test_i32_config_past_2_pow_31_elements_runs_in_64_bit_and_is_exact():
         assert_grad_close(dx[rows], dy[rows], y[rows])
 
 
+def test_autotuner_keys_problems_that_could_wrap_32_bit_offsets_apart(monkeypatch):
+    """triton.autotune caches its pick per (N_BUCKET, M_BUCKET) and prunes only on a new key: a problem past 2^31
+    elements in the bucket of an earlier one gets a key of its own (a negative M_BUCKET), whose pruning leaves no I32
+    config, so a cached I32 pick is never reused where its offsets would wrap. A family whose search space is one
+    config with and one without I32."""
+    from tritonsoftmax.kernels import _common
+
+    monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
+    pair = [LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1), LaunchConfig.make(1, BLOCK_N=256, ROWS=4)]
+    family = _common.Family("fused-i32-pair", fused.FAMILY.kernel, lambda device, M, N: list(pair),
+                            fused.FAMILY.heuristic, fused.FAMILY.grid)
+    small = random_input((16384, 256), torch.bfloat16, DEVICE)
+    y = poisoned_like(small)
+    assert _common.launch_forward(family, small, y, None, 1.0, False, False) is None
+    assert_softmax_close(y, small)
+    tuner = family.autotuned(device_info(small.device))
+    assert len(tuner.cache) == 1
+    M = (1 << 23) + 5  # 2^31 + 1280 elements (bf16: 4 GiB)
+    x = torch.empty(M, 256, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
+    y = torch.full_like(x, float("nan"))
+    _common.launch_forward(family, x, y, None, 1.0, False, False)
+    assert len(tuner.cache) == 2, "the large problem must not share the small one's key"
+    (big_key,) = [k for k in tuner.cache if any(isinstance(v, int) and v < 0 for v in k)]
+    assert not tuner.cache[big_key].kwargs.get("I32"), tuner.cache[big_key]
+    for r in range(0, M, 1 << 16):
+        assert_softmax_close(y[r:r + (1 << 16)], x[r:r + (1 << 16)])
+
+
 def test_autotuner_runs_and_picks_a_config_from_the_search_space(monkeypatch):
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
     x = random_input((4096, 1000), torch.float32, DEVICE)
