@@ -826,3 +826,20 @@ def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit()
     assert {LaunchConfig.from_triton(c) for c in pruned_for_key(triton_configs, set(space), 16384)} == set(space)
     kept = {LaunchConfig.from_triton(c) for c in pruned_for_key(triton_configs, set(space), -16384)}
     assert kept == {c for c in space if not dict(c.meta).get("I32")} and kept != set(space)
+
+
+def test_runtime_autotuner_prunes_i32_configs_for_keys_whose_offsets_could_wrap(monkeypatch):
+    """The fused autotuner's pruning (what runs on a GPU on each new key) reads the key's M_BUCKET: I32 configs stay
+    for a positive one and go for a negative one, which PreparedLaunch passes where they could wrap."""
+    from synthetic_devices import SM90
+
+    from tritonsoftmax.kernels import _common
+
+    monkeypatch.setattr(_common, "interpreter_active", lambda: False)
+    tuner = fused.FAMILY._make_autotuner(SM90)
+    named = {"M": 16384, "N": 200, "M_BUCKET": 16384}
+    space = set(fused.FAMILY.configs(SM90, 16384, 200))
+    kept = {LaunchConfig.from_triton(c) for c in tuner.early_config_prune(tuner.configs, named)}
+    assert kept == space and any(dict(c.meta).get("I32") for c in kept)
+    kept = {LaunchConfig.from_triton(c) for c in tuner.early_config_prune(tuner.configs, {**named, "M_BUCKET": -16384})}
+    assert kept == {c for c in space if not dict(c.meta).get("I32")}
