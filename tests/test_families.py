@@ -792,7 +792,7 @@ def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit()
     prunes only on a new key, so such problems get a negative M_BUCKET, and the pruning drops I32 configs there."""
     from synthetic_devices import SM90
 
-    from tritonsoftmax.kernels._common import TILE_COLS_BOUND, TILE_ROWS_BOUND, pruned_for_key
+    from tritonsoftmax.kernels._common import pruned_for_key
     from tritonsoftmax.layout import RowProblem, RowStrides, offsets_fit_int32
 
     config = LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)
@@ -814,9 +814,10 @@ def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit()
     plain = LaunchConfig.make(1, BLOCK_N=256, ROWS=4)
     big = RowProblem(limit_rows * 4, 200, 1, contiguous, contiguous, torch.bfloat16)
     assert fused.FAMILY.prepare(big, plain, SM90, flags={"LOG": 0}).config == plain
-    # The autotuner's key: positive where every I32 tile fits (at most TILE_ROWS_BOUND rows of TILE_COLS_BOUND).
-    near = limit_rows - 2 * TILE_ROWS_BOUND  # a multiple of TILE_ROWS_BOUND: its last tile ends at row near - 1
-    assert (near - 1) * 256 + TILE_COLS_BOUND - 1 < 2**31 and near % TILE_ROWS_BOUND == 0
+    # The autotuner's key: positive where every I32 tile fits (at most bound_rows rows of bound_cols columns).
+    bound_rows, bound_cols = fused.FAMILY.i32_bounds
+    near = limit_rows - 2 * bound_rows  # a multiple of bound_rows: its last tile ends at row near - 1
+    assert (near - 1) * 256 + bound_cols - 1 < 2**31 and near % bound_rows == 0
     for M, sign in ((16384, 1), (near, 1), (limit_rows + 1, -1), (limit_rows * 4, -1)):
         tail = fused.FAMILY.prepare(RowProblem(M, 200, 1, contiguous, contiguous, torch.bfloat16), None, SM90,
                                     flags={"LOG": 0}).tail

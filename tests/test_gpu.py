@@ -77,12 +77,14 @@ def test_autotuner_keys_problems_that_could_wrap_32_bit_offsets_apart(monkeypatc
     elements in the bucket of an earlier one gets a key of its own (a negative M_BUCKET), whose pruning leaves no I32
     config, so a cached I32 pick is never reused where its offsets would wrap. A family whose search space is one
     config with and one without I32."""
+    import dataclasses
+
     from tritonsoftmax.kernels import _common
 
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
     pair = [LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1), LaunchConfig.make(1, BLOCK_N=256, ROWS=4)]
-    family = _common.Family("fused-i32-pair", fused.FAMILY.kernel, lambda device, M, N: list(pair),
-                            fused.FAMILY.heuristic, fused.FAMILY.grid)
+    family = dataclasses.replace(fused.FAMILY, name="fused-i32-pair", configs=lambda device, M, N: list(pair),
+                                 _autotuned={})
     small = random_input((16384, 256), torch.bfloat16, DEVICE)
     y = poisoned_like(small)
     assert _common.launch_forward(family, small, y, None, 1.0, False, False) is None

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from .config import m_bucket, n_bucket
 from .kernel_timer import NEEDS_GPU, TIMERS, kernel_ms
 
 FORWARD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}  # tables are tuned on plain softmax (the same kernels' cost)
@@ -48,8 +49,6 @@ ODD_BESIDE_MAX = 512
 def default_lengths(n_min: int, n_max: int, odd: bool = True) -> list[int]:
     """The row lengths a run without --n tunes: the bucket tops of n_min..n_max, and with ``odd`` beside each top
     of 8..ODD_BESIDE_MAX the odd length top - 3 (in the same bucket, so the two give one entry)."""
-    from .config import n_bucket
-
     tops = [b for b in (2**k for k in range(31)) if n_bucket(n_min) <= b <= n_max]
     return sorted(tops + [b - 3 for b in tops if odd and 8 <= b <= ODD_BESIDE_MAX])
 
@@ -184,7 +183,6 @@ def _served_before(root, info, fam, dtype: torch.dtype, shape: tuple[int, int], 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from . import dispatch, tuning
-    from .config import m_bucket, n_bucket
     from .device import device_info, interpreter_active
     from .kernels import ALL_FAMILY_NAMES, backward_family, family
 

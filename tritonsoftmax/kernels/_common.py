@@ -403,10 +403,6 @@ def sum_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
 
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
-# Bounds on what any several-row tile with 32-bit offsets (fused's I32) spans: rows (a tile holds at most fused's
-# MAX_TILE elements) and columns (fused takes rows of at most MAX_N; BLOCK_N is their next power of two).
-TILE_ROWS_BOUND = 16384
-TILE_COLS_BOUND = 65536
 
 
 def _interpreter_bench(kernel_call, quantiles=None):
@@ -437,6 +433,9 @@ class Family:
     heuristic: Callable[[DeviceInfo, int, int], LaunchConfig]
     grid: Callable[[int, int, dict, DeviceInfo], tuple[int, ...]]
     _autotuned: dict = field(default_factory=dict)
+    # Families with I32 configs (32-bit offsets): (rows, columns) no tile of theirs exceeds, which PreparedLaunch
+    # checks a problem's offsets against, whatever the config (see its M_BUCKET key).
+    i32_bounds: tuple[int, int] | None = None
     grid_from_m: ClassVar[bool] = False  # chunks (and so the grid) sized from M: see tuning.lookup
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
@@ -754,7 +753,7 @@ class PreparedLaunch:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
         # The autotuner keys on (N_BUCKET, M_BUCKET) and prunes only on a key it has not seen; M_BUCKET is negative
         # where some I32 config's offsets could pass 2**31 - 1, so such problems get a key (and a pruning) of their own.
-        narrow_ok = problem.offsets_fit_int32(TILE_ROWS_BOUND, TILE_COLS_BOUND)
+        narrow_ok = family.i32_bounds is None or problem.offsets_fit_int32(*family.i32_bounds)
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M) * (1 if narrow_ok else -1))
         self._runner = self._warm = None
         self._aligned = None

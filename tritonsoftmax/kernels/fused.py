@@ -348,7 +348,9 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
     return (tiles,)
 
 
-FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid)
+# No several-row tile holds more than MAX_TILE rows (of at least one element) or more than MAX_N's block of columns.
+I32_BOUNDS = (MAX_TILE, MAX_N)
+FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid, i32_bounds=I32_BOUNDS)
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
     4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
@@ -365,7 +367,7 @@ def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     return out
 
 
-BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _bwd_configs, _heuristic, _grid)
+BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_fused_bwd_kernel, _bwd_configs, _heuristic, _grid, i32_bounds=I32_BOUNDS)
 
 
 def _check(N: int, config: LaunchConfig | None) -> None:
