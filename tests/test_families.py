@@ -844,3 +844,44 @@ def test_runtime_autotuner_prunes_i32_configs_for_keys_whose_offsets_could_wrap(
     assert kept == space and any(dict(c.meta).get("I32") for c in kept)
     kept = {LaunchConfig.from_triton(c) for c in tuner.early_config_prune(tuner.configs, {**named, "M_BUCKET": -16384})}
     assert kept == {c for c in space if not dict(c.meta).get("I32")}
+
+
+def _shipped_fused_entries() -> list:
+    """(family, dtype, N bucket, M bucket, config) of every fused and fused-bwd entry of the shipped sm_90 table."""
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "tune_cache" / "cuda" / "sm_90.yaml").read_text())
+    out = []
+    for name in ("fused", "fused-bwd"):
+        for dtype, by_n in doc["entries"][name].items():
+            for n, by_m in by_n.items():
+                for m, entry in by_m.items():
+                    meta = {k: v for k, v in entry["config"].items() if k not in ("num_warps", "num_stages")}
+                    out.append((name, dtype, n, m, LaunchConfig.make(entry["config"]["num_warps"], **meta)))
+    return out
+
+
+@pytest.mark.parametrize("name,dtype,n,m,config", _shipped_fused_entries(),
+                         ids=lambda v: v if isinstance(v, str) else str(v).replace(" ", ""))
+def test_every_shipped_fused_entry_is_exact_on_a_short_row_of_its_bucket_and_a_partial_last_tile(name, dtype, n, m,
+                                                                                                  config):
+    """Each fused / fused-bwd config the sm_90 table ships, launched exactly as stored (on the GPU: compiled) on rows
+    one element short of its bucket's top (the top itself for buckets 1 and 2) and 2 x ROWS + 1 of them, so that the
+    last tile is partial: every element of the forward (fused) or of the backward at scale -0.5 (fused-bwd) checked."""
+    from softmax_ref import assert_grad_close
+
+    dt = getattr(torch, dtype)
+    N = n - 1 if n > 2 else n
+    x = random_input((2 * config["ROWS"] + 1, N), dt, DEVICE, seed=n + m)
+    if name == "fused":
+        y = poisoned_like(x)
+        assert fused.launch(x, y, config) == config
+        assert_softmax_close(y, x)
+    else:
+        ys = torch.softmax(x.float(), -1).to(dt)
+        dy = random_input(tuple(x.shape), dt, DEVICE, seed=n * 3 + m)
+        dx = poisoned_like(ys)
+        assert fused.launch_backward(dy, ys, dx, config, scale=-0.5) == config
+        assert_grad_close(dx, dy, ys, scale=-0.5)
