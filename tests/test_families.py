@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import DEVICE
+from shipped_tables import sm90_entries
 from softmax_ref import assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
 
 import tritonsoftmax
@@ -846,24 +847,7 @@ def test_runtime_autotuner_prunes_i32_configs_for_keys_whose_offsets_could_wrap(
     assert kept == {c for c in space if not dict(c.meta).get("I32")}
 
 
-def _shipped_fused_entries() -> list:
-    """(family, dtype, N bucket, M bucket, config) of every fused and fused-bwd entry of the shipped sm_90 table."""
-    from pathlib import Path
-
-    import yaml
-
-    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "tune_cache" / "cuda" / "sm_90.yaml").read_text())
-    out = []
-    for name in ("fused", "fused-bwd"):
-        for dtype, by_n in doc["entries"][name].items():
-            for n, by_m in by_n.items():
-                for m, entry in by_m.items():
-                    meta = {k: v for k, v in entry["config"].items() if k not in ("num_warps", "num_stages")}
-                    out.append((name, dtype, n, m, LaunchConfig.make(entry["config"]["num_warps"], **meta)))
-    return out
-
-
-@pytest.mark.parametrize("name,dtype,n,m,config", _shipped_fused_entries(),
+@pytest.mark.parametrize("name,dtype,n,m,config", sm90_entries(("fused", "fused-bwd")),
                          ids=lambda v: v if isinstance(v, str) else str(v).replace(" ", ""))
 def test_every_shipped_fused_entry_is_exact_on_a_short_row_of_its_bucket_and_a_partial_last_tile(name, dtype, n, m,
                                                                                                   config):

@@ -304,14 +304,11 @@ def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
     for rows in sorted(r for r in rows_options if r == 1 or r <= next_power_of_2(M)):
         for nw in _common.warp_choices(device, rows * block_n, max_per_thread=max_per_thread, max_warps=32):
             out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=rows))
-    for tile in SMALL_TILES:
-        if block_n < tile and tile // block_n <= next_power_of_2(M):
-            for nw in _common.warp_choices(device, tile, min_per_thread=2, max_per_thread=8, max_warps=32):
-                out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n))
-    for tile in I32_TILES:
-        if block_n < tile and tile // block_n <= next_power_of_2(M):
-            for nw in _common.warp_choices(device, tile, min_per_thread=32, max_per_thread=32, max_warps=32):
-                out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n, I32=1))
+    # (tiles, fewest and most values a thread, extra meta): the small tiles, then the 32-bit-offset ones
+    for tiles, least, most, extra in ((SMALL_TILES, 2, 8, {}), (I32_TILES, 32, 32, {"I32": 1})):
+        for tile in (t for t in tiles if block_n < t and t // block_n <= next_power_of_2(M)):
+            for nw in _common.warp_choices(device, tile, min_per_thread=least, max_per_thread=most, max_warps=32):
+                out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n, **extra))
     if pipelined and block_n >= PIPELINED_MIN_N and M > device.sm_count:
         # Persistent and pipelined: one program an SM, the next rows' loads in flight through shared
         # memory (STAGES - 1 rows of BLOCK_N; configs too big for shared memory fail to compile and are skipped).
@@ -351,6 +348,8 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
 # No several-row tile holds more than MAX_TILE rows (of at least one element) or more than MAX_N's block of columns.
 I32_BOUNDS = (MAX_TILE, MAX_N)
 FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid, i32_bounds=I32_BOUNDS)
+
+
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
     4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
