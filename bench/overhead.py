@@ -5,7 +5,8 @@
 Host time: wall clock over many back-to-back calls with no synchronisation inside the loop
 (for tiny inputs this is the CPU cost of one call, the GPU being faster), for torch.softmax,
 our plain eager call and the same computation through the ``tritonsoftmax::softmax`` operator
-(the path autograd and torch.compile take): the median of ``--rounds`` rounds, each timing every
+(the path torch.compile takes), then a forward and backward with a gradient to record (torch's,
+ours through eager autograd, ours through the operators): the median of ``--rounds`` rounds, each timing every
 function once, in an order reversed every other round (a process's host speed drifts by a few
 microseconds; interleaving puts the drift on every function alike). Several ``--dtype`` values are
 timed in the same rounds, so that they share the process: run one process a dtype, bf16 read 2-3 us
@@ -67,30 +68,50 @@ def graph_us(fn, calls: int = 200) -> float:
     return best
 
 
+def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
+    """What the host columns time, by column: forward calls without a gradient to record, then forward and
+    backward with one (``torch.autograd.grad``: no accumulation into ``.grad``)."""
+    import tritonsoftmax
+
+    op = torch.ops.tritonsoftmax.softmax.default
+    xg = x.detach().requires_grad_()
+
+    def step(fn):
+        return lambda: torch.autograd.grad(fn(xg), xg, dy)
+
+    return {
+        "torch": lambda: torch.softmax(x, -1),
+        "ours": lambda: tritonsoftmax.softmax(x),
+        "ours through the operator": lambda: op(x, -1, None, "auto", 1.0, False, False),  # what compile calls
+        "torch fwd+bwd": step(lambda t: torch.softmax(t, -1)),
+        "ours fwd+bwd": step(tritonsoftmax.softmax),  # eager autograd: ops.SoftmaxFunction
+        "ours fwd+bwd through the operator": step(lambda t: op(t, -1, None, "auto", 1.0, False, False)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["8x2048", "8x4096", "32x4096", "32x8192"])
     ap.add_argument("--dtype", nargs="+", default=["float32"], help="dtypes timed in the same rounds")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of host timing (median reported)")
     args = ap.parse_args(argv)
-    import tritonsoftmax
     from tritonsoftmax import ops  # noqa: F401  (registers torch.ops.tritonsoftmax)
 
-    op = torch.ops.tritonsoftmax.softmax.default
-    print("| shape | dtype | torch host µs | ours host µs | ours through the operator host µs | torch GPU µs "
-          "| ours GPU µs |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    names = list(host_functions(torch.empty(0), torch.empty(0)))
+    print("| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |")
+    print("| " + " | ".join(["---"] * (len(names) + 4)) + " |")
     for s in args.shapes:
         M, N = map(int, s.split("x"))
         fns = []
         for dname in args.dtype:
-            x = torch.randn(M, N, device="cuda", dtype=getattr(torch, dname))
-            fns += [lambda x=x: torch.softmax(x, -1), lambda x=x: tritonsoftmax.softmax(x),
-                    lambda x=x: op(x, -1, None, "auto", 1.0, False, False)]  # the last: what autograd/compile call
+            dtype = getattr(torch, dname)
+            x, dy = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
+            fns += host_functions(x, dy).values()
         host = interleaved_host_us(fns, args.rounds)
+        k = len(names)
         for i, dname in enumerate(args.dtype):
-            theirs, ours, _ = fns[3 * i:3 * i + 3]
-            row = [*host[3 * i:3 * i + 3], graph_us(theirs), graph_us(ours)]
+            theirs, ours = fns[k * i:k * i + 2]
+            row = [*host[k * i:k * i + k], graph_us(theirs), graph_us(ours)]
             print(f"| {M}×{N} | {dname} | " + " | ".join(f"{v:.1f}" for v in row) + " |", flush=True)
     return 0
 

@@ -212,7 +212,7 @@ def test_overhead_times_every_function_each_round_in_alternating_order(monkeypat
 
 def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
     """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that process drift
-    falls on all alike: session33-probes/probe174.log), and each dtype's row reports its own three host times."""
+    falls on all alike: session33-probes/probe174.log), and each dtype's row reports its own six host times."""
     import torch
 
     from bench import overhead
@@ -228,6 +228,6 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
     assert overhead.main(["--shapes", "8x2048", "--dtype", "float32", "bfloat16"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [6]
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 99.0 | 99.0 |",
-                    "| 8×2048 | bfloat16 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |"]
+    assert rounds_of == [12]
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |",
+                    "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 99.0 | 99.0 |"]

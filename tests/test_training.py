@@ -130,17 +130,47 @@ def test_opcheck_both_operators():
                           (dy, y, -1, "auto", 1.0, False, torch.float32))
 
 
-def test_plain_eager_call_does_not_go_through_the_operator(monkeypatch):
+def test_eager_calls_with_and_without_autograd_skip_the_operators(monkeypatch):
     from tritonsoftmax import ops
 
     calls = []
-    real = ops.softmax_op
-    monkeypatch.setattr(ops, "softmax_op", lambda *a: calls.append(1) or real(*a))
+    for name in ("softmax_op", "softmax_backward_op"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     x = random_input((3, 50), torch.float32, DEVICE)
     tritonsoftmax.softmax(x)
-    assert calls == []
-    tritonsoftmax.softmax(x.requires_grad_())
-    assert calls == [1], "autograd goes through the operator"
+    xg = x.clone().requires_grad_()
+    tritonsoftmax.log_softmax(xg).backward(random_input((3, 50), torch.float32, DEVICE, seed=2))
+    assert xg.grad is not None
+    assert calls == [], "eager autograd runs ops.SoftmaxFunction, not the operators"
+
+
+def test_torch_compile_traces_the_operator():
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    f = torch.compile(lambda t: tritonsoftmax.softmax(t, -1, scale=0.5), backend=recording_backend, fullgraph=True)
+    x = random_input((4, 40), torch.float32, DEVICE).requires_grad_()
+    y = f(x)
+    assert len(graphs) == 1 and "tritonsoftmax.softmax" in graphs[0]
+    assert (y.double() - torch.softmax(x.detach().double() * 0.5, -1)).abs().max().item() <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_create_graph_gives_the_gradient_and_a_double_backward_raises(log):
+    x = random_input((4, 33), torch.float32, DEVICE, seed=5).requires_grad_()
+    g = random_input((4, 33), torch.float32, DEVICE, seed=6)
+    y = (tritonsoftmax.log_softmax if log else tritonsoftmax.softmax)(x)
+    (gx,) = torch.autograd.grad(y, x, g, create_graph=True)
+    xr, yr = _reference(x, -1, log)
+    (gr,) = torch.autograd.grad(yr, xr, g.double())
+    assert (gx.double() - gr).abs().max().item() <= GRAD_TOL[torch.float32] * max(1.0, gr.abs().max().item())
+    assert gx.requires_grad, "a gradient that autograd recorded must not silently drop its second-order part"
+    with pytest.raises(RuntimeError, match="no double backward"):
+        gx.sum().backward()
 
 
 class _Block(torch.nn.Module):

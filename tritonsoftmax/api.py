@@ -1,8 +1,9 @@
 """The public functions: validate, view as rows, pick a kernel, launch, return.
 
 ``softmax``/``log_softmax`` route through the ``tritonsoftmax::softmax`` custom operator (see
-``ops.py``) only when autograd needs to record the call or ``torch.compile`` is tracing; a plain
-eager call runs :func:`forward` directly and does not pay the operator's dispatch.
+``ops.py``) only when ``torch.compile`` is tracing, and through ``ops.SoftmaxFunction`` (the same
+forward and backward as a ``torch.autograd.Function``) when eager autograd records the call; a plain
+eager call runs :func:`forward` directly. Neither eager path pays the operator's dispatch.
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = N
 
 def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Tensor:
     # type() first: isinstance on torch.Tensor runs Python code of torch's metaclass (~0.1 us a call)
-    if (type(x) is torch.Tensor or isinstance(x, torch.Tensor)) and ((x.requires_grad and torch.is_grad_enabled())
-                                                                     or torch.compiler.is_compiling()):
-        from .ops import softmax_op
+    if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
+        compiling = torch.compiler.is_compiling()
+        if compiling or (x.requires_grad and torch.is_grad_enabled()):
+            from . import ops
 
-        _check_impl(impl)
-        return softmax_op(x, dim, dtype, impl, _check_scale(scale), log, bool(zero_masked))
+            _check_impl(impl)
+            run = ops.softmax_op if compiling else ops.SoftmaxFunction.apply
+            return run(x, dim, dtype, impl, _check_scale(scale), log, bool(zero_masked))
     return forward(x, dim, dtype, impl, scale, log, zero_masked)
 
 

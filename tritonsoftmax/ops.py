@@ -1,12 +1,18 @@
-"""``torch.library`` custom operators, so autograd, ``torch.compile`` (no graph breaks) and CUDA
-graphs see tritonsoftmax as one op each way:
+"""Autograd for tritonsoftmax, two ways with one formula:
 
-- ``tritonsoftmax::softmax(x, dim, dtype, impl, scale, log, zero_masked) -> Tensor``
-- ``tritonsoftmax::softmax_backward(dy, y, dim, impl, scale, log, input_dtype) -> Tensor``
+- ``torch.library`` custom operators, so ``torch.compile`` (no graph breaks) sees tritonsoftmax as
+  one op each way:
 
-Both have fake (meta) implementations: the output is ``torch.empty_like`` of the input (the
-layout every path of ours returns). The backward is registered as the forward's autograd formula;
-it is not itself differentiable (no double backward).
+  - ``tritonsoftmax::softmax(x, dim, dtype, impl, scale, log, zero_masked) -> Tensor``
+  - ``tritonsoftmax::softmax_backward(dy, y, dim, impl, scale, log, input_dtype) -> Tensor``
+
+  Both have fake (meta) implementations: the output is ``torch.empty_like`` of the input (the
+  layout every path of ours returns). The backward is registered as the forward's autograd formula.
+- :class:`SoftmaxFunction`, a ``torch.autograd.Function`` for eager calls that autograd records:
+  the same forward and backward without the operator's dispatch (which costs a warm call several
+  times a kernel launch on the host; ``python -m bench.overhead``).
+
+Neither backward is itself differentiable: a double backward raises.
 """
 
 from __future__ import annotations
@@ -47,10 +53,40 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (dim, impl, scale, log, x.dtype)
 
 
-def _backward(ctx, dy):
+def _input_grad(ctx, dy, run_backward) -> tuple:
+    """The gradients of the forward's seven inputs: ``run_backward(dy, y, dim, impl, scale, log, input_dtype)``
+    for x, None for the rest."""
     (y,) = ctx.saved_tensors
-    dim, impl, scale, log, input_dtype = ctx.args
-    return softmax_backward_op(dy, y, dim, impl, scale, log, input_dtype), None, None, None, None, None, None
+    return (run_backward(dy, y, *ctx.args),) + (None,) * 6
 
 
-softmax_op.register_autograd(_backward, setup_context=_setup_context)
+softmax_op.register_autograd(lambda ctx, dy: _input_grad(ctx, dy, softmax_backward_op), setup_context=_setup_context)
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """``tritonsoftmax::softmax`` and its autograd formula for eager calls, without the operator's dispatch:
+    ``SoftmaxFunction.apply(x, dim, dtype, impl, scale, log, zero_masked)``. The context is set in ``forward``:
+    a separate ``setup_context`` (which ``torch.func`` transforms need) costs more than the operator saves."""
+
+    @staticmethod
+    def forward(ctx, x, dim, dtype, impl, scale, log, zero_masked):
+        y = api.forward(x, dim, dtype, impl, scale, log, zero_masked)
+        _setup_context(ctx, (x, dim, dtype, impl, scale, log, zero_masked), y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _input_grad(ctx, dy, _NotTwice.apply if torch.is_grad_enabled() else api.backward)
+
+
+class _NotTwice(torch.autograd.Function):
+    """The backward (``api.backward``) where autograd records it (``create_graph=True``): differentiating
+    its result raises instead of giving a gradient without its second-order part."""
+
+    @staticmethod
+    def forward(ctx, dy, y, dim, impl, scale, log, input_dtype):
+        return api.backward(dy, y, dim, impl, scale, log, input_dtype)
+
+    @staticmethod
+    def backward(ctx, ddx):
+        raise RuntimeError("tritonsoftmax's softmax backward is not differentiable: no double backward")
