@@ -632,6 +632,31 @@ def test_a_backward_that_fails_on_its_first_call_hands_over_to_coops_backward():
     assert (dx.double() - grad_reference(dy, y)).abs().max().item() <= 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_rows_of_one_element_run_coop_without_starting_the_smem_kernel(dtype):
+    """Triton 3.6 fails to lower the smem kernels with N specialised to 1 (an LLVM assertion in
+    ConvertTritonGPUToLLVM, its reproducer printed to stderr; H200, session 45), which the odd-row form would
+    otherwise take at N = 1: such rows go to coop like any layout smem cannot take, forward and backward, with no
+    warning, for a heuristic and an explicit config alike."""
+    import warnings
+
+    device = device_info(torch.device(DEVICE)) if HAS_GPU else SM90
+    x = random_input((7, 1), dtype, DEVICE, seed=9)
+    dy = random_input((7, 1), dtype, DEVICE, seed=10)
+    y_saved = torch.ones_like(x)
+    for config in (None, smem()._heuristic(device, 7, 1, dtype)):
+        launch = smem().FAMILY.prepare(matrix_problem(x, x), config, device, flags=FLAGS)
+        back = smem().BWD_FAMILY.prepare(matrix_problem(dy, dy), None, device, flags={"LOG": 0})
+        y, dx = poisoned_like(x), poisoned_like(dy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            launch(x, y, 1.0)
+            back(dy, dx, y_saved, 1.0)
+        assert launch.fallbacks == 1 and launch.smem_error is None
+        assert back.fallbacks == 1 and back.smem_error is None
+        assert torch.equal(y, torch.ones_like(x)) and torch.equal(dx, torch.zeros_like(dy))
+
+
 # --- on the GPU ---
 
 @pytest.mark.gpu

@@ -722,7 +722,7 @@ def backward_cluster(problem: RowProblem, config: LaunchConfig, device: DeviceIn
 
 class SmemLaunch(CoopLaunch):
     """CoopLaunch of a smem kernel. A call the kernel cannot take (base pointers off 16 bytes, rows
-    off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors) runs
+    off 16-byte boundaries or along strided columns, N not a whole number of 16-byte vectors, N = 1) runs
     the coop family's kernel (forward or backward, its heuristic config) instead; ``fallbacks``
     counts the calls that ran coop's kernel.
     The layout is checked once, the base pointers on every call (two or three address reads).
@@ -764,7 +764,9 @@ class SmemLaunch(CoopLaunch):
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
             sizes = (x.element_size(), y.element_size(), *(e.element_size() for e in extra[:self.family.held - 1]))
-            if is_odd_lead(dict(self.config.meta).get("LEAD", 0), x.element_size()):
+            if self.problem.N == 1:  # triton 3.6 fails to lower the kernel with N specialised to 1 (3.9 does not)
+                self._layout_ok = False
+            elif is_odd_lead(dict(self.config.meta).get("LEAD", 0), x.element_size()):
                 self._layout_ok = odd_rows_fit(self.problem, *sizes)
             else:
                 self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
