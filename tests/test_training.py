@@ -173,6 +173,28 @@ def test_create_graph_gives_the_gradient_and_a_double_backward_raises(log):
         gx.sum().backward()
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_torch_func_transforms_run_torchs_softmax(log):
+    """Under torch.func transforms the tensors are wrappers without storage (our kernels cannot read them, and
+    autograd would not record them): vmap, grad and jacrev get torch's softmax, also where a plain call of vmap's
+    per-sample shape came first (on a GPU that call leaves a prepared launch, which the vmapped call then finds)."""
+    fn = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+    ref = torch.log_softmax if log else torch.softmax
+    out_tol = TOL[torch.float32] * (20 if log else 1)
+    x = random_input((3, 5, 40), torch.float32, DEVICE, seed=11)
+    w = random_input((5, 40), torch.float32, DEVICE, seed=12)
+    fn(x[0], scale=0.5)
+    v = torch.func.vmap(lambda t: fn(t, scale=0.5))(x)
+    assert (v.double() - ref(x.double() * 0.5, -1)).abs().max().item() <= out_tol
+    g = torch.func.grad(lambda t: (fn(t, scale=0.5) * w).sum())(x[0])
+    xr = x[0].double().requires_grad_()
+    (ref(xr * 0.5, -1) * w.double()).sum().backward()
+    assert (g.double() - xr.grad).abs().max().item() <= GRAD_TOL[torch.float32] * max(1.0, xr.grad.abs().max().item())
+    jac = torch.func.jacrev(lambda t: fn(t, scale=0.5))(x[0, 0])
+    want = torch.func.jacrev(lambda t: ref(t * 0.5, -1))(x[0, 0].double())
+    assert (jac.double() - want).abs().max().item() <= GRAD_TOL[torch.float32]
+
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()

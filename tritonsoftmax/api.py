@@ -87,6 +87,8 @@ def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Te
     if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
         compiling = torch.compiler.is_compiling()
         if compiling or (x.requires_grad and torch.is_grad_enabled()):
+            if not compiling and _functorch_active():  # torch.func.grad & co: torch's softmax, which they trace
+                return _forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
             from . import ops
 
             _check_impl(impl)
@@ -116,13 +118,24 @@ def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, sca
     if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
         start, out_dtype, _ = hit
         y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)  # no dtype: cheaper
-        start(x, y, 1.0 if scale is None else _check_scale(scale))
+        try:
+            start(x, y, 1.0 if scale is None else _check_scale(scale))
+        except RuntimeError:  # a torch.func wrapper (vmap) has no storage: its data_ptr raises before any launch
+            if not _functorch_active():
+                raise
+            return _forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
         return y
     return _forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
 
 
+def _functorch_active() -> bool:
+    """A torch.func transform (vmap, grad, jacrev, ...) is running: its tensors are wrappers without storage, which
+    our kernels cannot read and whose autograd they would not record."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def _torch_forward(x, dim, out_dtype, scale, log, zero_masked) -> torch.Tensor:
-    """The reference computation for what our kernels do not take (float64, CPU tensors)."""
+    """The reference computation for what our kernels do not take (float64, CPU tensors, torch.func transforms)."""
     z = x if scale == 1.0 else x * scale
     y = torch.log_softmax(z, dim, dtype=out_dtype) if log else torch.softmax(z, dim, dtype=out_dtype)
     if zero_masked:
@@ -149,7 +162,7 @@ def _forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
     dim = _normalize_dim(dim, x.dim())
     out_dtype = dtype or x.dtype
     if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0 or x.numel() == 0
-            or (x.device.type == "cpu" and not interpreter_active())):
+            or (x.device.type == "cpu" and not interpreter_active()) or _functorch_active()):
         return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
     flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
     y = torch.empty_like(x, dtype=out_dtype)
