@@ -3,7 +3,8 @@
 ``softmax``/``log_softmax`` route through the ``tritonsoftmax::softmax`` custom operator (see
 ``ops.py``) only when ``torch.compile`` is tracing, and through ``ops.SoftmaxFunction`` (the same
 forward and backward as a ``torch.autograd.Function``) when eager autograd records the call; a plain
-eager call runs :func:`forward` directly. Neither eager path pays the operator's dispatch.
+eager call runs :func:`forward` directly. Neither eager path pays the operator's dispatch. Calls made
+under a ``torch.func`` transform run torch's softmax (:func:`_functorch_active`).
 """
 
 from __future__ import annotations
