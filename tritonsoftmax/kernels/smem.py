@@ -617,8 +617,9 @@ def is_odd_lead(lead: int, itemsize: int) -> bool:
 def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
     """Whether the kernels' odd-row form takes ``problem``'s rows wherever they start: input and output (and
     the backward's saved output, in dy's layout) of one layout along unit-stride columns and of one element
-    size, so that every row's tensors sit alike against 16-byte boundaries."""
-    return problem.x == problem.y and problem.x.col == 1 and len(set(element_sizes)) == 1
+    size, so that every row's tensors sit alike against 16-byte boundaries. Not rows of one element: triton 3.6
+    fails to lower the kernels with N specialised to 1 (3.9 does not; bench/NOTES.md, session 45)."""
+    return problem.N > 1 and problem.x == problem.y and problem.x.col == 1 and len(set(element_sizes)) == 1
 
 
 def programs_per_sm(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo, n_regs: int = 1) -> int:
@@ -764,9 +765,7 @@ class SmemLaunch(CoopLaunch):
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
         if self._layout_ok is None:
             sizes = (x.element_size(), y.element_size(), *(e.element_size() for e in extra[:self.family.held - 1]))
-            if self.problem.N == 1:  # triton 3.6 fails to lower the kernel with N specialised to 1 (3.9 does not)
-                self._layout_ok = False
-            elif is_odd_lead(dict(self.config.meta).get("LEAD", 0), x.element_size()):
+            if is_odd_lead(dict(self.config.meta).get("LEAD", 0), x.element_size()):
                 self._layout_ok = odd_rows_fit(self.problem, *sizes)
             else:
                 self._layout_ok = (whole_vectors(self.problem.N, x.element_size())
