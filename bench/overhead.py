@@ -8,7 +8,10 @@ our plain eager call and the same computation through the ``tritonsoftmax::softm
 (the path torch.compile takes), then a forward and backward with a gradient to record (torch's,
 ours through eager autograd, ours through the operators): the median of ``--rounds`` rounds, each timing every
 function once, in an order reversed every other round (a process's host speed drifts by a few
-microseconds; interleaving puts the drift on every function alike). Several ``--dtype`` values are
+microseconds; interleaving puts the drift on every function alike). Before the first shape's timed rounds, untimed
+rounds run for ``--settle`` seconds: on the H200 machine's host a process run straight after a parallel pytest timed
+every function, torch's included, 1.4-1.9x slower for over a second, then steady
+(bench/results/h200/session46-probes/probe249-BC.log). Several ``--dtype`` values are
 timed in the same rounds, so that they share the process: run one process a dtype, bf16 read 2-3 us
 above fp32 for torch.softmax and ours alike, and within 0.2 us in one process (H200, session 33,
 bench/results/h200/session33-probes/probe174.log). GPU time: the same calls captured in a CUDA graph
@@ -35,11 +38,16 @@ def host_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def interleaved_host_us(fns: list, rounds: int) -> list[float]:
-    """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round."""
+def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0) -> list[float]:
+    """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round, after
+    untimed rounds for ``settle_s`` seconds."""
     for fn in fns:
         for _ in range(200):
             fn()
+    end = time.perf_counter() + settle_s
+    while time.perf_counter() < end:
+        for fn in fns:
+            host_us(fn)
     times: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
@@ -94,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["8x2048", "8x4096", "32x4096", "32x8192"])
     ap.add_argument("--dtype", nargs="+", default=["float32"], help="dtypes timed in the same rounds")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of host timing (median reported)")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of untimed rounds before the first shape's timed ones")
     args = ap.parse_args(argv)
     from tritonsoftmax import ops  # noqa: F401  (registers torch.ops.tritonsoftmax)
 
     names = list(host_functions(torch.empty(0), torch.empty(0)))
     print("| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |")
     print("| " + " | ".join(["---"] * (len(names) + 4)) + " |")
+    settle = args.settle
     for s in args.shapes:
         M, N = map(int, s.split("x"))
         fns = []
@@ -107,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             dtype = getattr(torch, dname)
             x, dy = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
             fns += host_functions(x, dy).values()
-        host = interleaved_host_us(fns, args.rounds)
+        if settle:
+            print(f"(untimed rounds for {settle:g} s first)", file=sys.stderr, flush=True)
+        host = interleaved_host_us(fns, args.rounds, settle)
+        settle = 0.0
         k = len(names)
         for i, dname in enumerate(args.dtype):
             theirs, ours = fns[k * i:k * i + 2]

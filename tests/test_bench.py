@@ -210,6 +210,23 @@ def test_overhead_times_every_function_each_round_in_alternating_order(monkeypat
     assert order == ["torch", "ours", "ours", "torch", "torch", "ours"]
 
 
+def test_overhead_settle_rounds_are_not_counted(monkeypatch):
+    """--settle: untimed rounds of every function until that many seconds have passed, then the timed rounds,
+    whose medians alone are reported."""
+    import torch
+
+    from bench import overhead
+
+    clock = iter([0.0, 0.5, 1.2])  # the settle's end is set at 0.0 + 1.0; one untimed round runs, then it stops
+    monkeypatch.setattr(overhead.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    times = {"torch": iter([100.0, 5.0, 9.0, 6.0]), "ours": iter([100.0, 8.0, 7.0, 1.0])}
+    fns = [lambda: "torch", lambda: "ours"]
+    monkeypatch.setattr(overhead, "host_us", lambda fn, calls=2000: next(times[fn()]))
+    assert overhead.interleaved_host_us(fns, 3, settle_s=1.0) == [6.0, 7.0]
+    assert all(next(t, None) is None for t in times.values()), "one settle round and three timed ones"
+
+
 def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
     """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that process drift
     falls on all alike: session33-probes/probe174.log), and each dtype's row reports its own six host times."""
@@ -217,17 +234,19 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
 
     from bench import overhead
 
-    rounds_of = []
+    rounds_of, settles = [], []
 
-    def interleaved(fns, rounds):
+    def interleaved(fns, rounds, settle_s):
         rounds_of.append(len(fns))
+        settles.append(settle_s)
         return [float(i) for i in range(len(fns))]
 
     monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
     monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
-    assert overhead.main(["--shapes", "8x2048", "--dtype", "float32", "bfloat16"]) == 0
+    assert overhead.main(["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [12]
+    assert rounds_of == [12, 12]
+    assert settles == [3.0, 0.0], "untimed rounds before the first shape only"
     assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |",
                     "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 99.0 | 99.0 |"]
