@@ -15,6 +15,21 @@ def assert_fence_free_exchange(ptx: str) -> None:
     assert made, "the departure's operand is 1 + a value"
     assert re.search(rf"and\.b32 \s*{re.escape(made.group(1))}, %r\d+, %r\d+;", ptx), \
         "... that depends on the combined value (not folded to a constant)"
+    assert_poll_ends_with_a_second_look(ptx)
+
+
+def assert_poll_ends_with_a_second_look(ptx: str) -> None:
+    """coop.row_words: after the poll loop's back edge, one more volatile 64-bit load (the lanes still at 0 look
+    again). Without it, a layout that holds a lane in two warps lets the loop end on one copy's count while the
+    other copy keeps a 0 (triton 3.9 on the H200: wrong rows at few long rows, session 46)."""
+    lines = ptx.splitlines()
+    polls = [i for i, line in enumerate(lines) if re.search(r"ld\.volatile\.global\.b64", line)]
+    labels = {line.split(":")[0]: i for i, line in enumerate(lines) if re.match(r"\$L__BB\d+_\d+:", line)}
+    back_edges = [i for i, line in enumerate(lines)
+                  if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line))
+                  and labels.get(m.group(1), i) < i and any(labels[m.group(1)] < p < i for p in polls)]
+    assert back_edges, "a poll loop"
+    assert any(p > back_edges[-1] for p in polls), "a second look after the poll loop"
 
 
 def assert_departure_without_wait(ptx: str) -> None:

@@ -156,6 +156,11 @@ def row_words(ws_ptr, row, G, gs, WAIT: tl.constexpr):
         while missing > 0:
             v = poll_words(words, gs < G)
             missing = tl.sum((v == 0).to(tl.int32), axis=0)
+        # Where the layout holds a lane in several threads (BLOCK_G under the program's threads), each copy polls
+        # on its own and the reduction may take its count from one copy only (triton 3.9 does: two warps' counts
+        # share one shared-memory slot), so the loop can end while another copy still holds a 0. A lane still at 0
+        # looks once more: its word is non-zero by now (a copy saw it so; words leave 0 once a launch).
+        v = tl.where(v == 0, poll_words(words, (gs < G) & (v == 0)), v)
     else:
         v = tl.load(words, mask=gs < G, other=1)
     return v
