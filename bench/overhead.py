@@ -11,7 +11,8 @@ function once, in an order reversed every other round (a process's host speed dr
 microseconds; interleaving puts the drift on every function alike). Before the first shape's timed rounds, untimed
 rounds run for ``--settle`` seconds: on the H200 machine's host a process run straight after a parallel pytest timed
 every function, torch's included, 1.4-1.9x slower for over a second, then steady
-(bench/results/h200/session46-probes/probe249-BC.log). Several ``--dtype`` values are
+(bench/results/h200/session46-probes/probe249-BC.log); the settle does not remove the drift within a process
+(overhead-BD.log, the same session: ours 9.2-13.6 us, torch's 7.2-10.2). Several ``--dtype`` values are
 timed in the same rounds, so that they share the process: run one process a dtype, bf16 read 2-3 us
 above fp32 for torch.softmax and ours alike, and within 0.2 us in one process (H200, session 33,
 bench/results/h200/session33-probes/probe174.log). GPU time: the same calls captured in a CUDA graph
