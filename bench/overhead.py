@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     names = list(host_functions(torch.empty(0), torch.empty(0)))
     print("| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |")
     print("| " + " | ".join(["---"] * (len(names) + 4)) + " |")
-    settle = args.settle
-    for s in args.shapes:
+    for index, s in enumerate(args.shapes):
         M, N = map(int, s.split("x"))
+        settle = args.settle if index == 0 else 0.0
         fns = []
         for dname in args.dtype:
             dtype = getattr(torch, dname)
@@ -122,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         if settle:
             print(f"(untimed rounds for {settle:g} s first)", file=sys.stderr, flush=True)
         host = interleaved_host_us(fns, args.rounds, settle)
-        settle = 0.0
         k = len(names)
         for i, dname in enumerate(args.dtype):
             theirs, ours = fns[k * i:k * i + 2]
