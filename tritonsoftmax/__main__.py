@@ -2,13 +2,17 @@
 
 Prints the backend, arch, versions and the dispatch decision for a few shapes, then runs every
 kernel family against a float64 reference (and, on a GPU, times it). On a machine without a GPU
-it turns the Triton interpreter on first, so it checks our kernels, not torch against torch.
-Launches use each family's heuristic config unless ``--autotune`` is given. Exit status 1 if any check fails.
+it runs itself again with the Triton interpreter on (``TRITON_INTERPRET=1`` must be set before the
+package defines its kernels, and ``python -m`` imports the package first), so it checks our kernels,
+not torch against torch. Launches use each family's heuristic config unless ``--autotune`` is given.
+Exit status 1 if any check fails.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -19,12 +23,29 @@ GPU_SHAPES = [(4096, 1024), (4096, 16384), (256, 131072)]
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
 
-def main() -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tritonsoftmax", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--autotune", action="store_true",
+                    help="autotune shapes the tuning table lacks (default: each family's heuristic config)")
+    return ap.parse_args(argv)
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     on_gpu = torch.cuda.is_available()
-    if "--autotune" not in sys.argv:
+    if not on_gpu and not _interpreter_on():
+        # The kernels were defined when `python -m` imported the package, before this could turn the
+        # interpreter on: run again in a process that has it from the start.
+        cmd = [sys.executable, "-m", "tritonsoftmax", *(sys.argv[1:] if argv is None else argv)]
+        return subprocess.call(cmd, env={**os.environ, "TRITON_INTERPRET": "1"})
+    start = time.time()
+    if not args.autotune:
         os.environ.setdefault("TRITONSOFTMAX_AUTOTUNE", "0")  # heuristic configs: no minutes of tuning
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     import triton
 
     import tritonsoftmax
@@ -87,12 +108,9 @@ def main() -> int:
             failures += not ok
             print(f"  {'ok  ' if ok else 'FAIL'} {'log_softmax' if log else 'softmax':11} backward float32 "
                   f"{M:>5} x {N:<7} max err {err:.1e}")
-    print("self-check", "passed" if failures == 0 else f"FAILED ({failures} checks)")
+    print("self-check", "passed" if failures == 0 else f"FAILED ({failures} checks)", f"({time.time() - start:.1f} s)")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    start = time.time()
-    code = main()
-    print(f"({time.time() - start:.1f} s)")
-    sys.exit(code)
+    sys.exit(main())
