@@ -21,9 +21,17 @@ def _sweep(out, *args):
 def test_cpu_sweep_writes_plots_csvs_and_a_merged_summary(tmp_path):
     first = _sweep(tmp_path, "--plots", "m64", "--providers", "auto", "fused", "torch", "copy", "liger")
     assert "measure the interpreter, not a GPU" in first
+    progress = [line for line in first.splitlines() if line.startswith("[")]
+    assert [line.split()[0] for line in progress] == ["[1/3]", "[2/3]", "[3/3]"], first
+    assert all("x the best peer (torch.softmax " in line and "0.00x" not in line for line in progress), first
+    assert sum("liger" in line for line in first.splitlines()) == 1, "a skipped provider: one line, at the end"
+    assert "liger: liger_kernel.ops.softmax runs on the GPU only (3 points" in first
+    assert first.rstrip().endswith(f"wrote {tmp_path}/: summary.md, results.html, 1 plot with their CSVs")
     _sweep(tmp_path, "--plots", "few-16384", "--providers", "auto", "online", "naive")
     for name in ("m64-float32.png", "m64-float32.csv", "few-16384-float32.png", "few-16384-float32.csv"):
         assert (tmp_path / name).is_file(), name
+    html = (tmp_path / "results.html").read_text()
+    assert 'src="m64-float32.png"' in html and 'src="few-16384-float32.png"' in html, "every plot, both parts'"
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("python -m bench.sweep") == 2, "both parts' commands are listed"
     assert "## m64, float32" in summary and "## few-16384, float32" in summary
@@ -118,19 +126,19 @@ def test_kernel_timer_needs_a_gpu(tmp_path):
 def test_summary_names_each_parts_timer_and_flags_a_mix(tmp_path):
     import json
 
-    from bench.sweep import write_summary
+    from bench.report import write_summary
 
-    def part(name, timer, started):
+    def part(name, timer, seq):
         meta = {"command": f"python -m bench.sweep {name}", "device": "GPU", "torch": "2", "triton": "3",
                 "repeats": 3, "rep_ms": 30.0, "interpreter": False, "autotune": "0", "skipped": {},
-                "started": started, **({"timer": timer} if timer else {})}
+                "seq": seq, **({"timer": timer} if timer else {})}
         pts = [{"plot": "design", "dtype": "float32", "M": 8, "N": 2048, "gbps": {"auto": 70.0, "liger": 68.0}}]
         (tmp_path / f"points-{name}.json").write_text(json.dumps({"meta": meta, "points": pts}))
 
-    part("a", None, "2026-11-30T10:00:00")  # a part written before the timer was recorded: do_bench
+    part("a", None, 1)  # a part that records no timer: do_bench
     text = write_summary(tmp_path)
     assert "x do_bench 30.0 ms" in text and "timed differently" not in text
-    part("b", "kernel", "2026-11-30T11:00:00")
+    part("b", "kernel", 2)
     text = write_summary(tmp_path)
     assert "kernels each call launched (CUPTI" in text and "timed differently" in text
     assert "| 8×2048 | " in text and "| 1.03 | 2 |" in text

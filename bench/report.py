@@ -1,0 +1,221 @@
+"""What a benchmark suite leaves in its folder, rebuilt from the parts measured there.
+
+Every run of ``bench.sweep`` writes one ``points-<part>.json``; from all of them this module writes
+``summary.md`` (the commands first, then one table per plot and dtype with a ``vs best`` column), one
+CSV and one PNG per (plot, dtype) through ``triton.testing.perf_report``, and ``results.html``
+showing every plot. A point measured by several parts shows the latest measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+SUMMARY = "summary.md"
+HTML = "results.html"
+
+
+def parts(out: Path) -> list[dict]:
+    """The parts in ``out``, oldest first (each part's ``seq``: one more than the parts before it had)."""
+    found = [json.loads(p.read_text()) for p in sorted(out.glob("points-*.json"))]
+    return sorted(found, key=lambda p: p["meta"].get("seq", 0))
+
+
+def next_seq(out: Path, part_file: Path) -> int:
+    """The ``seq`` of a part about to be written as ``part_file``: after every other part in ``out`` (a part
+    measured again replaces its file and moves to the end)."""
+    seqs = [json.loads(p.read_text())["meta"].get("seq", 0) for p in out.glob("points-*.json") if p != part_file]
+    return max(seqs, default=0) + 1
+
+
+def latest_points(out: Path) -> list[dict]:
+    """The latest measurement of each (plot, dtype, shape) across the parts, by N and then M; each point
+    names the part that measured it (``run``, counted from 1 in :func:`parts` order)."""
+    latest: dict[tuple, dict] = {}
+    for i, part in enumerate(parts(out), 1):
+        for pt in part["points"]:
+            latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i, "meta": part["meta"]}
+    return sorted(latest.values(), key=lambda pt: (pt["N"], pt["M"]))
+
+
+def best_peer(gbps_by_provider: dict) -> tuple[str, float] | None:
+    """(provider, GB/s) of the fastest peer at a point: every line but ours and the copy."""
+    from bench.peers import PEERS
+
+    here = {k: v for k, v in gbps_by_provider.items() if k in PEERS and v and not math.isnan(v)}
+    return max(here.items(), key=lambda kv: kv[1]) if here else None
+
+
+def ratio(value: float) -> str:
+    """A ratio with three significant digits: 0.00298, 0.431, 1.02."""
+    return f"{value:.3g}"
+
+
+def fmt_gbps(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def mode_of(meta: dict) -> str:
+    """``fwd`` or ``bwd``: the part's recorded mode, else read from its command."""
+    return meta.get("mode") or ("bwd" if "--mode bwd" in meta["command"] else "fwd")
+
+
+def _timer_words(meta: dict) -> str:
+    if meta.get("timer", "events") == "kernel":
+        return ("the time the device was busy with the kernels each call launched (CUPTI, overlapping kernels "
+                "counted once, L2 emptied before each call)")
+    return f"do_bench {meta['rep_ms']} ms"
+
+
+def write_summary(out: Path) -> str:
+    """Rebuild ``summary.md`` from every part in ``out``; returns its text."""
+    from bench.peers import ALL, LABELS
+
+    found = parts(out)
+    lines = ["Commands (each a part of this suite; a point measured by several parts shows the latest, "
+             "and the `run` column names the command):", ""]
+    lines += [f"{i}. `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on "
+              f"{p['meta']['device']}, torch {p['meta']['torch']}, triton {p['meta']['triton']}, "
+              f"{p['meta']['repeats']} interleaved rounds x {_timer_words(p['meta'])}"
+              for i, p in enumerate(found, 1)]
+    if len({p["meta"].get("timer", "events") for p in found}) > 1:
+        lines += ["", "**These parts were timed differently (do_bench events and CUPTI kernel time): "
+                      "compare points of one timer only.**"]
+    if any(p["meta"]["interpreter"] for p in found):
+        lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
+    lines += ["", "GB/s = (bytes read + bytes written) / median time (forward: x read, y written; backward: dy "
+              "and y read, dx written). `vs best` = tritonsoftmax (auto) / the best peer (every line but ours and "
+              "copy; in the backward, copy is a two-input add)."]
+    points = latest_points(out)
+    for plot in dict.fromkeys(pt["plot"] for pt in points):
+        for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
+            pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
+            names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
+            lines += ["", f"## {plot}, {dname}", "",
+                      "| M×N | " + " | ".join(LABELS[n] for n in names) + " | best peer | vs best | run |",
+                      "| --- |" + " --- |" * (len(names) + 3)]
+            for pt in pts:
+                cells = [fmt_gbps(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
+                best = best_peer(pt["gbps"])
+                ours = pt["gbps"].get("auto")
+                vs = f"{ours / best[1]:.2f}" if ours and best else "–"
+                lines.append(f"| {pt['M']}×{pt['N']} | " + " | ".join(cells) +
+                             f" | {LABELS[best[0]] + ' ' + fmt_gbps(best[1]) if best else '–'} | {vs} | {pt['run']} |")
+    skipped = skipped_lines({k: v for p in found for k, v in p["meta"]["skipped"].items()})
+    if skipped:
+        lines += ["", "## Skipped points", ""] + [f"- {line}" for line in skipped]
+    text = "\n".join(lines) + "\n"
+    (out / SUMMARY).write_text(text)
+    return text
+
+
+def skipped_lines(skipped: dict[str, str]) -> list[str]:
+    """One line per (provider, reason): ``skipped`` maps "provider dtype MxN" to why it was skipped there."""
+    reasons: dict[str, list[str]] = {}
+    for key, why in skipped.items():
+        reasons.setdefault(f"{key.split()[0]}: {why}", []).append(" ".join(key.split()[1:]))
+    return [f"{r} ({len(at)} point{'s' * (len(at) > 1)}: {', '.join(at[:6])}{' …' * (len(at) > 6)})"
+            for r, at in reasons.items()]
+
+
+def _size(n: int) -> str:
+    """256, 1K, 64K, 1M, 8M; other lengths as they are."""
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def plot_all(out: Path, specs: dict) -> list[Path]:
+    """One CSV and one PNG per (plot, dtype) of the latest points in ``out`` (``specs``: plot name -> its
+    ``x`` axis, "N", "M" or "point"), then ``results.html``; returns the PNGs."""
+    points = latest_points(out)
+    pngs = []
+    for plot in dict.fromkeys(pt["plot"] for pt in points):
+        x_name = specs.get(plot, {}).get("x", "point")
+        for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
+            pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
+            if x_name != "point":  # one point per x value, in order
+                pts = sorted({pt[x_name]: pt for pt in pts}.values(), key=lambda pt: pt[x_name])
+            pngs.append(_plot_one(out, plot, dname, x_name, pts))
+    write_html(out, pngs)
+    return pngs
+
+
+def _plot_one(out: Path, plot: str, dname: str, x_name: str, pts: list[dict]) -> Path:
+    """``<plot>-<dtype>.csv`` through perf_report, and ``<plot>-<dtype>.png``: GB/s on a log axis against N, M or
+    the point, ours in bold, the copy (the bandwidth ceiling) dashed black, titled with GPU, dtype and direction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import triton
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from bench.peers import ALL, LABELS, OURS
+
+    names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
+    x_vals = list(range(len(pts))) if x_name == "point" else [pt[x_name] for pt in pts]
+    lookup = dict(zip(x_vals, pts, strict=True))
+    bench = triton.testing.Benchmark(x_names=[x_name], x_vals=x_vals, line_arg="provider", line_vals=names,
+                                     line_names=[LABELS[n] for n in names], plot_name="", ylabel="GB/s", args={})
+
+    @triton.testing.perf_report(bench)
+    def report(provider, **kw):
+        value = lookup[kw[x_name]]["gbps"].get(provider)
+        return float("nan") if value is None else value
+
+    df = report.run(return_df=True)
+    stem = f"{plot}-{dname}"
+    df.to_csv(out / f"{stem}.csv", float_format="%.6f", index=False)
+
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    for i, name in enumerate(names):
+        ys = df[f"{LABELS[name]} (GB/s)"].astype(float)
+        if name == "auto":
+            style = {"color": "C0", "lw": 2.8, "marker": "o", "ms": 4, "zorder": 5}
+        elif name == "copy":
+            style = {"color": "black", "lw": 1.6, "ls": "--"}
+        elif name in OURS:
+            style = {"color": f"C{i % 10}", "lw": 1.0, "ls": ":"}
+        else:
+            style = {"color": f"C{i % 10}", "lw": 1.4, "marker": ".", "ms": 4}
+        label = "copy (bandwidth ceiling)" if name == "copy" else LABELS[name]
+        ax.plot(range(len(x_vals)) if x_name == "point" else x_vals, ys, label=label, **style)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylabel("GB/s (bytes read + written / time)")
+    if x_name == "point":
+        ax.set_xticks(range(len(pts)), [f"{pt['M']}×{pt['N']}" for pt in pts], rotation=40, ha="right", fontsize=8)
+        ax.set_xlabel("M × N")
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x_vals, [_size(v) for v in x_vals], fontsize=8)
+        ax.minorticks_off()
+        fixed = {pt["M" if x_name == "N" else "N"] for pt in pts}
+        other = "M" if x_name == "N" else "N"
+        ax.set_xlabel(f"{x_name} (row {'length' if x_name == 'N' else 'count'})"
+                      + (f", {other} = {_size(fixed.pop())}" if len(fixed) == 1 else ""))
+    ax.grid(True, which="major", alpha=0.3)
+    meta = pts[-1]["meta"]
+    direction = "backward" if mode_of(meta) == "bwd" else "forward"
+    where = "Triton interpreter on a CPU (wall clock, not GPU speed)" if meta["interpreter"] else meta["device"]
+    ax.set_title(f"softmax {direction}, {dname}, {plot}: {where}", fontsize=11)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    fig.tight_layout()
+    png = out / f"{stem}.png"
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return png
+
+
+def write_html(out: Path, pngs: list[Path]) -> Path:
+    """``results.html``: the summary's link and every plot of the folder, one under another."""
+    body = [f'<p><a href="{SUMMARY}">{SUMMARY}</a></p>']
+    body += [f'<h3>{p.stem}</h3>\n<img src="{p.name}" alt="{p.stem}"/>' for p in pngs]
+    html = out / HTML
+    html.write_text("<html><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return html
