@@ -1,6 +1,6 @@
 """Host overhead per eager call and GPU time per kernel, tritonsoftmax against torch.softmax.
 
-    python -m bench.overhead [--shapes 8x2048 32x8192 ...] [--dtype float32 bfloat16] [--rounds 9]
+    python -m bench.overhead [--shapes 8x2048 32x8192 ...] [--dtype float32 bfloat16] [--rounds 9] [--out DIR]
 
 Host time: wall clock over many back-to-back calls with no synchronisation inside the loop
 (for tiny inputs this is the CPU cost of one call, the GPU being faster), for torch.softmax,
@@ -9,19 +9,17 @@ our plain eager call and the same computation through the ``tritonsoftmax::softm
 ours through eager autograd, ours through the operators): the median of ``--rounds`` rounds, each timing every
 function once, in an order reversed every other round (a process's host speed drifts by a few
 microseconds; interleaving puts the drift on every function alike). Before the first shape's timed rounds, untimed
-rounds run for ``--settle`` seconds: on the H200 machine's host a process run straight after a parallel pytest timed
-every function, torch's included, 1.4-1.9x slower for over a second, then steady
-(bench/results/h200/session46-probes/probe249-BC.log); the settle does not remove the drift within a process
-(overhead-BD.log, the same session: ours 9.2-13.6 us, torch's 7.2-10.2). Several ``--dtype`` values are
-timed in the same rounds, so that they share the process: run one process a dtype, bf16 read 2-3 us
-above fp32 for torch.softmax and ours alike, and within 0.2 us in one process (H200, session 33,
-bench/results/h200/session33-probes/probe174.log). GPU time: the same calls captured in a CUDA graph
-and replayed, per call — no host work at all.
+rounds run for ``--settle`` seconds: a process started while the host is still busy (say, straight after a parallel
+pytest) times every function slower for a while. Several ``--dtype`` values are timed in the same rounds, so that
+they share the process (host speed differs more between processes than between dtypes). GPU time: the same calls
+captured in a CUDA graph and replayed, per call — no host work at all. Writes ``summary.md`` (the command first) to
+DIR (default bench/results/<gpu>/overhead/).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -105,12 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of host timing (median reported)")
     ap.add_argument("--settle", type=float, default=3.0,
                     help="seconds of untimed rounds before the first shape's timed ones")
+    ap.add_argument("--out", default=None, help="output folder (default bench/results/<gpu>/overhead/)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.overhead times CUDA launches and needs a GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    from bench.common import results_dir
     from tritonsoftmax import ops  # noqa: F401  (registers torch.ops.tritonsoftmax)
+    from tritonsoftmax.device import device_info
 
     names = list(host_functions(torch.empty(0), torch.empty(0)))
-    print("| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |")
-    print("| " + " | ".join(["---"] * (len(names) + 4)) + " |")
+    table = ["| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |",
+             "| " + " | ".join(["---"] * (len(names) + 4)) + " |"]
+    print("\n".join(table))
     for index, s in enumerate(args.shapes):
         M, N = map(int, s.split("x"))
         settle = args.settle if index == 0 else 0.0
@@ -126,7 +133,20 @@ def main(argv: list[str] | None = None) -> int:
         for i, dname in enumerate(args.dtype):
             theirs, ours = fns[k * i:k * i + 2]
             row = [*host[k * i:k * i + k], graph_us(theirs), graph_us(ours)]
-            print(f"| {M}×{N} | {dname} | " + " | ".join(f"{v:.1f}" for v in row) + " |", flush=True)
+            table.append(f"| {M}×{N} | {dname} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+            print(table[-1], flush=True)
+    info = device_info(torch.device("cuda"))
+    out = results_dir(info.slug, "overhead", args.out)
+    command = " ".join(["python -m bench.overhead", *(argv if argv is not None else sys.argv[1:])])
+    autotune = os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1")
+    lines = [f"Command: `{command}` (TRITONSOFTMAX_AUTOTUNE={autotune})", "",
+             f"{info.name}; torch {torch.__version__}, triton {triton.__version__}. Host µs: wall clock per call over "
+             f"2000 back-to-back calls, median of {args.rounds} interleaved rounds (one process). GPU µs: the same "
+             "call captured in a CUDA graph and replayed (no host work). `fwd+bwd`: `torch.autograd.grad` of the "
+             "forward with a gradient to record; `through the operator`: the `tritonsoftmax::softmax` operator that "
+             "`torch.compile` calls; `ours`: the plain eager call.", "", *table]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}/summary.md")
     return 0
 
 

@@ -239,12 +239,15 @@ def test_overhead_settle_rounds_are_not_counted(monkeypatch):
     assert all(next(t, None) is None for t in times.values()), "one settle round and three timed ones"
 
 
-def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
-    """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that process drift
-    falls on all alike: session33-probes/probe174.log), and each dtype's row reports its own six host times."""
+def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_path):
+    """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that the process's
+    drift in host speed falls on all alike), each dtype's row reports its own six host times, and summary.md starts
+    with the command and holds the table."""
     import torch
+    from synthetic_devices import SM90
 
     from bench import overhead
+    from tritonsoftmax import device
 
     rounds_of, settles = [], []
 
@@ -256,9 +259,15 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys):
     monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
     monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
-    assert overhead.main(["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16"]) == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(device, "device_info", lambda dev=None: SM90)
+    args = ["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16", "--out", str(tmp_path)]
+    assert overhead.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
     assert rounds_of == [12, 12]
     assert settles == [3.0, 0.0], "untimed rounds before the first shape only"
     assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |",
                     "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 99.0 | 99.0 |"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
+    assert all(row in summary for row in rows) and "NVIDIA H200" in summary
