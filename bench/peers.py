@@ -2,8 +2,8 @@
 
 ``prepare(name, x)`` returns a zero-argument callable computing the softmax of ``x`` over its last
 dim, or raises :class:`Unavailable` with a one-line reason (library missing, GPU only, shape not
-supported). Peer libraries are imported lazily; set ``TRITONSOFTMAX_PEERS_SITE`` (or pass
-``--peers-site``) to a folder made by ``install-peers.sh`` to make them importable.
+supported). Peer libraries are imported lazily: installed ones (``pip install liger-kernel flag-gems
+quack-kernels``), or those in a folder named by ``TRITONSOFTMAX_PEERS_SITE`` (or ``--peers-site``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class Unavailable(Exception):
 
 
 def add_peers_site(path: str | None = None) -> None:
-    """Make the libraries unpacked by install-peers.sh importable (no-op without a path)."""
+    """Make the peer libraries in folder ``path`` (or TRITONSOFTMAX_PEERS_SITE) importable; a ``peers_site`` module
+    there, if any, finishes the set-up (no-op without a path)."""
     path = path or os.environ.get("TRITONSOFTMAX_PEERS_SITE")
     if not path or not os.path.isdir(path):
         return
@@ -98,9 +99,8 @@ def compiled_per_point(fn: Callable) -> Callable:
 
     Dynamo keeps its compiled graphs on the code object: one lambda compiled for every point of
     a sweep piles up one graph per shape on one code object, and past the recompile limit (8 by
-    default) Dynamo silently runs eager code (the session-3 backward grids measured that fallback
-    for every point after the 8th). A fresh code object per point gives each point its own
-    single graph: what a user calling with one static shape gets."""
+    default) Dynamo silently runs eager code for every later point. A fresh code object per point
+    gives each point its own single graph: what a user calling with one static shape gets."""
     code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_point{next(_compiled_points)}")
     fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
     return torch.compile(fresh, dynamic=False)

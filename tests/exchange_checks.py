@@ -21,7 +21,7 @@ def assert_fence_free_exchange(ptx: str) -> None:
 def assert_poll_ends_with_a_second_look(ptx: str) -> None:
     """coop.row_words: after the poll loop's back edge, one more volatile 64-bit load (the lanes still at 0 look
     again). Without it, a layout that holds a lane in two warps lets the loop end on one copy's count while the
-    other copy keeps a 0 (triton 3.9 on the H200: wrong rows at few long rows, session 46)."""
+    other copy keeps a 0 (triton 3.9 on the H200 lays out a small tensor so: wrong rows at few long rows without it)."""
     lines = ptx.splitlines()
     polls = [i for i, line in enumerate(lines) if re.search(r"ld\.volatile\.global\.b64", line)]
     labels = {line.split(":")[0]: i for i, line in enumerate(lines) if re.match(r"\$L__BB\d+_\d+:", line)}

@@ -53,7 +53,7 @@ def test_cpu_backward_sweep(tmp_path):
 
 def test_torch_compile_peer_gets_its_own_code_object_per_point(monkeypatch):
     """Dynamo keeps graphs per code object: one shared lambda over a whole grid hits the recompile
-    limit and silently runs eager (what the session-3 backward grids measured after 8 points)."""
+    limit and silently runs eager from the 9th point on."""
     import torch
 
     from bench import peers

@@ -473,7 +473,7 @@ def test_smem_backward_heuristic_takes_cluster_mode_by_the_rule(dtype, M, N, dev
     assert clustered(launch.config) is want and (launch._cluster is not None) is want
     assert smem().backward_cluster(matrix_problem(x, x), launch.config, device) is want
     forward = smem().FAMILY.prepare(matrix_problem(x, x), None, device, flags=FWD_FLAGS, two_phase=False)
-    assert not clustered(forward.config)  # the forward in cluster mode lost (probe136)
+    assert not clustered(forward.config)  # the forward is not ruled into cluster mode
 
 
 @needs_gluon

@@ -62,7 +62,7 @@ def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
 def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     """Many aligned rows just past a power of two (row_tail) run fused with one row a program and warps for
     32 values a thread of the held half, not the bucket's entry; 16-bit rows of 8200 leave smem's one-chunk
-    rule, and 16-bit rows of 16392 and 16896 run smem (smem_held_32k_rows, probe96)."""
+    rule, and 16-bit rows of 16392 and 16896 run smem (smem_held_32k_rows)."""
 
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
@@ -141,7 +141,7 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         assert reload(many, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
         assert reload(many, block, device=GFX942) is None, "measured on the H200 only"
         assert reload(many, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
-        smem_block = block > dispatch.RELOAD_OVER_SMEM_MAX_N  # the 16-bit 32K block: smem-bwd (probe176-B.log)
+        smem_block = block > dispatch.RELOAD_OVER_SMEM_MAX_N  # the 16-bit 32K block: smem-bwd
         assert dispatch.choose(many, block, dtype, SM90, backward=True).impl == ("smem" if smem_block else "fused")
         if most:
             assert reload(most // shortest, shortest) == want, block
@@ -164,11 +164,11 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
             assert dispatch.choose(600, 16384, dt, SM90, backward=True).impl == "smem", "9.8M elements"
             assert reload(640, 16384, dt=dt) is not None, "10M elements"
             assert reload(16384, 1000, dt=dt) is not None and reload(12288, 1000, dt=dt) is None, "1K block: 12M"
-            assert reload(2100, 8104, dt=dt) is None, "8K block: 17M elements, under 2^25 (probe 119: -3 to -5 %)"
+            assert reload(2100, 8104, dt=dt) is None, "8K block: 17M elements, under 2^25"
             assert reload(4096, 8192, dt=dt) is not None, "2^25 elements"
-            assert reload(1024, 32000, dt=dt) is not None, "probe 124: +5.0/+1.6 %"
-            assert reload(4096, 32768, dt=dt) is None and reload(300, 32768, dt=dt) is None, "probe 124: -0.6 %, -5 %"
-            assert reload(1536, 32768, dt=dt) is not None and reload(1537, 32768, dt=dt) is None, "probe 126"
+            assert reload(1024, 32000, dt=dt) is not None, "32000 fills 31/32 of the 32K block, 32M elements"
+            assert reload(4096, 32768, dt=dt) is None and reload(300, 32768, dt=dt) is None, "too many, too few"
+            assert reload(1536, 32768, dt=dt) is not None and reload(1537, 32768, dt=dt) is None, "1536 rows at most"
 
 
 def test_plan_gives_the_backward_of_rows_that_fill_their_block_the_reload_config(monkeypatch):
@@ -260,7 +260,7 @@ def test_few_16bit_rows_of_one_chunk_an_sm_go_to_coop_backward_only_with_a_tuned
     (2, 262144, "coop"), (1, 524289, "coop"), (4096, 524290, "coop"), (1, 524292, "smem")])
 def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_reads_once(M, N, impl):
     """Rows of 524289 and 524290 fp32 elements are not whole 16-byte vectors, which smem copies: coop
-    keeps them. One or two rows of 524288 coop-bwd holds in 4096-element chunks (coop._chunk, session 36); a
+    keeps them. One or two rows of 524288 coop-bwd holds in 4096-element chunks (coop._chunk); a
     1048576-element row it would hold only in 8192-element chunks of dy and y, and re-reads."""
     shape = dispatch.Shape(M, N, torch.float32, SM90, backward=True)
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == impl
@@ -294,11 +294,10 @@ def test_few_fp32_rows_from_512k_go_to_smem_beyond_twice_what_coop_holds(M, N, i
     (40, 131072, None, False)])
 def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters(M, N, want, backward):
     """Few fp32 rows past coop's 5.4M elements at once on the H200: smem, each row 16 chunks (or fewer whole
-    1024-element groups) in one cluster of 4-warp programs (session32-probes/probe165.log); the backward too where
-    the chunks hold at most 10240 elements (probe169.log). Rows past the 131072 bucket (coop's 8K chunks more than a
-    cluster) from half of coop's hold (2.7M elements: 18 rows of 152064, not 17; the backward from 0.58 of it, 21 rows,
-    not 20) in chunks of at most 10240 (session35-probes/probe180-D.log, probe182-F.log, probe183-G.log; not
-    32x163841 or 24x200000). Not where coop holds the rows otherwise (16x262144, 64x65536, 32x131072: coop's
+    1024-element groups) in one cluster of 4-warp programs; the backward too where the chunks hold at most 10240
+    elements. Rows past the 131072 bucket (coop's 8K chunks more than a cluster) from half of coop's hold (2.7M
+    elements: 18 rows of 152064, not 17; the backward from 0.58 of it, 21 rows, not 20) in chunks of at most 10240
+    (not 32x163841 or 24x200000). Not where coop holds the rows otherwise (16x262144, 64x65536, 32x131072: coop's
     clusters), not for many rows, the 512K bucket, rows that are no whole 16-byte vectors, 16-bit rows, or GPUs
     without clusters."""
     shape = dispatch.Shape(M, N, torch.float32, SM90)
@@ -325,7 +324,7 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
     (4096, 32768, None)])
 def test_the_backward_of_many_fp32_rows_of_32k_to_160k_goes_to_smem_clusters(M, N, want):
     """Many fp32 rows (backward, dispatch.smem_fp32_cluster_config): chunks of 8K, 16 a row where that takes more, up
-    to 16 x 10240 elements (session34-probes/probe177-F.log); odd rows too; not the forward, 16-bit rows or GPUs
+    to 16 x 10240 elements; odd rows too; not the forward, 16-bit rows or GPUs
     without clusters, nor rows past 160K or in the 32K bucket (fused's and coop's rules)."""
     aligned = whole_vectors(N, 4)
     shape = dispatch.Shape(M, N, torch.float32, SM90, True, aligned, True)
@@ -501,8 +500,8 @@ def test_device_names_and_warp_sizes():
     (65537, "coop", "coop")])
 def test_many_16bit_rows_off_16_bytes_leave_fused_in_the_32k_bucket(N, fp32, bf16):
     """Rows that start off 16 bytes run realigned; in the 32K bucket the realigned online beats the
-    realigned fused kernel for 16-bit rows (H200 session7-probes/probe16.log), save rows just past 16K that
-    fused holds as half a block plus a tail (session22-probes/probe93.log)."""
+    realigned fused kernel for 16-bit rows, save rows just past 16K that fused holds as half a block plus a
+    tail."""
     assert dispatch.choose(4096, N, torch.float32, SM90, aligned=False).impl == fp32
     assert dispatch.choose(4096, N, torch.bfloat16, SM90, aligned=False).impl == bf16
     assert dispatch.choose(4096, N, torch.float16, SM90, aligned=False).impl == bf16

@@ -188,7 +188,7 @@ def test_coop_rejects_config_with_too_few_partial_slots():
 
 
 @pytest.mark.parametrize("regs,warps,shared,per_sm", [
-    (32, 16, 0, 4), (63, 4, 0, 8), (102, 8, 0, 2),  # coop kernels: the H200 driver's limit, probe23
+    (32, 16, 0, 4), (63, 4, 0, 8), (102, 8, 0, 2),  # coop kernels: the H200 driver's limit
     (89, 4, 0, 5), (40, 4, 0, 12), (32, 4, 0, 16),  # registers in 256-per-warp units; 2048 threads an SM
     (16, 1, 0, 32),  # at most 32 programs an SM
     (40, 8, 100000, 2),  # shared memory: 2 x (100000 + 1024) fits in 227 KB, 3 do not
@@ -693,7 +693,7 @@ def test_fused_backward_reload_configs_only_for_long_rows():
 
 def test_fused_small_tiles_give_short_rows_more_programs_at_2_to_8_values_a_thread():
     """Several-row tiles of 512 and 1024 elements join the 2K-8K ones for blocks under 1024 (odd short rows want
-    more programs: session 42, probe 232), each with 2-8 values a thread (1 warp at 64 rows of 16 ran 0.37x auto),
+    more programs), each with 2-8 values a thread,
     on 32-wide warps and on AMD's 64-wide wavefronts; none where M has too few rows to fill one."""
     import triton
     from synthetic_devices import GFX942, SM90

@@ -115,8 +115,7 @@ def test_backward_compiles_to_16_byte_copies_of_dy_and_y_and_16_byte_stores(comp
 
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_no_copy_or_store_carries_a_cache_hint(compiled_sm90, which):
-    """Plain output stores: marked evict_first they cost 0.8-0.9 % forward and up to 5-6 % backward
-    (session28-probes/probe145.log, probe146.log)."""
+    """Plain output stores: nothing reads the input again, so evict_first on the output buys no L2 room."""
     ptx = compiled_sm90[(which, "bf16", "bf16", "{}")]["ptx"]
     stores = re.findall(r"st\.global\S*", ptx)
     assert stores and not any("evict" in st or "cache_hint" in st for st in stores), sorted(set(stores))
@@ -147,8 +146,7 @@ def test_every_config_fits_and_covers_its_bucket(which):
 
 def test_backward_heuristic_narrows_chunks_for_few_rows_and_for_fp32():
     """64 KB of dy and y (16K elements in 16-bit, 8K in fp32) once the rows give 4 programs an SM,
-    down to 4K elements for fewer (probe47/48: bf16 8x131072 777-855 GB/s with 4K chunks, 739-806
-    with 16K; fp32 4096x65536 4180 with 8K, 3676 with 16K)."""
+    down to 4K elements for fewer (more programs for few rows)."""
     shapes = [(4096, 65536), (32, 152064), (8, 131072), (1, 131072), (1, 2**21)]
     for dtype, want in ((torch.bfloat16, [16384, 16384, 4096, 4096, 16384]),
                         (torch.float32, [8192, 8192, 4096, 4096, 16384])):
@@ -177,8 +175,7 @@ def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("M", [4096, 264, 8])
 def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
-    """The bucket's config is the same in every dtype and row count (the half chunks bf16 once took are gone:
-    balanced chunks beat them, session21-probes/probe89.log)."""
+    """The bucket's config is the same in every dtype and row count (a launch cuts it to the row: balanced_config)."""
     for N in (40960, 50176, 65536, 2**20 + 4096):
         c = smem()._heuristic(SM90, M, N, dtype)
         assert (c["TILES"] * c["BLOCK"], c.num_warps) == (16384, 4), N
@@ -188,7 +185,7 @@ def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
     (50264, 2, (5, 10, 1024)), (36864, 2, (3, 12, 1024)), (40960, 2, (4, 10, 1024)), (73728, 2, (6, 12, 1024)),
     (131080, 2, (10, 13, 1024)), (12008, 2, (1, 12, 1024)), (36864, 4, (3, 12, 1024))], ids=str)
 def test_balanced_config_cuts_a_row_into_even_chunks(N, itemsize, want):
-    """G or G + 1 chunks of the fewest 1024-element copy groups, whichever allocates less (probe89.log)."""
+    """G or G + 1 chunks of the fewest 1024-element copy groups, whichever allocates less."""
     base = smem()._heuristic(SM90, 4096, N)
     c = smem().balanced_config(base, N, itemsize, SM90)
     assert (chunks(N, dict(c.meta)), c["TILES"], c["BLOCK"]) == want
@@ -280,8 +277,8 @@ def test_dense_odd_rows_go_to_smem_where_it_copies():
     assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=False).impl != "smem"
     assert dispatch.choose(4096, 50257, bf, GFX942, False, aligned=False, dense=True).impl != "smem"
     assert dispatch.choose(4096, 50264, bf, SM90, False, aligned=True, dense=True).impl == "smem"
-    # forward odd rows the odd lead pushes past their bucket too (their chunks cut so that the lead adds none,
-    # probe175-A.log), and those of the 32K bucket that online takes when they are not dense
+    # forward odd rows the odd lead pushes past their bucket too (their chunks cut so that the lead adds none),
+    # and those of the 32K bucket that online takes when they are not dense
     for N in (12345, 16383, 20001, 32767):
         assert dispatch.choose(4096, N, bf, SM90, False, aligned=False, dense=True).impl == "smem", N
     assert dispatch.choose(4096, 32767, bf, SM90, False, aligned=False, dense=False).impl == "online"
@@ -361,7 +358,7 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
 def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
     """STAGGER (staggered; in halves or groups) adds one %clock64 wait loop before the copies, whose 0 the late rows'
     window takes, so that the compiler still knows the copies 16 bytes wide (an offset it cannot see through made
-    them 4-byte copies, offline, session 37); without it the kernel has no such loop."""
+    them 4-byte copies); without it the kernel has no such loop."""
     import json
 
     from compile_scripts import run_compile_script
@@ -445,8 +442,7 @@ def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
 ])
 def test_register_cap_leaves_the_programs_that_shared_memory_allows(tiles, block, itemsize, held, cap):
     """A 4-warp config's maxnreg: the register file over the programs its chunks' shared memory lets onto an SM,
-    at least 64 (probe90.log: bf16 4096x131080 forward 3932 GB/s against 3528 uncapped) and more for larger
-    chunks, which spilled under 64 in cluster mode with LEAD (session32-probes/probe163.log, probe166.log)."""
+    at least 64 and more for larger chunks, which spill under 64 in cluster mode with LEAD."""
     four = LaunchConfig.make(4, BLOCK=block, TILES=tiles, BLOCK_G=16)
     capped = smem().register_capped(four, itemsize, held, SM90)
     assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": cap}
@@ -474,7 +470,7 @@ def test_register_cap_leaves_other_warp_counts_and_named_caps_alone():
 ], ids=str)
 def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elements(meta, N, lead, want, ticketed_g):
     """balanced_config gives a cluster-mode config G + 1 chunks a row only in chunks of CLUSTER_CUT_MIN_CHUNK
-    elements or more, or when G is past CLUSTER_CUT_MAX_G (session31-probes/probe157.log, probe159-G.log), and never
+    elements or more, or when G is past CLUSTER_CUT_MAX_G, and never
     past the largest cluster (16 chunks to 17 would leave cluster mode); the same config out of cluster mode takes
     G + 1 wherever that allocates less."""
     mod = smem()
@@ -490,9 +486,9 @@ def test_an_odd_lead_adds_no_chunk_on_a_tie_and_cuts_a_one_chunk_config_into_a_c
     """balanced_config over an odd row's window (N + odd_lead): on a tie in shared memory it keeps the chunks the
     row without its lead needs (bf16 4096x16383 under the 16K entry: 2 x 9 x 1024, not 3 x 6 x 1024), unless they
     would pass max_chunk_elements; where the lead saves memory with more chunks it takes them (32767 under the 32K
-    entry: 3 x 11 x 1024 against 2 x 17 x 1024, probe176-B.log). A one-chunk config that the lead still cuts runs
-    its chunks as a CTA cluster where the device has clusters (probe175-A.log: ticketed 0.83 x online, clustered
-    1.08 x), not on an sm_89; an aligned row of the same configs is left as it was."""
+    entry: 3 x 11 x 1024 against 2 x 17 x 1024). A one-chunk config that the lead still cuts runs its chunks as a
+    CTA cluster where the device has clusters, not on an sm_89; an aligned row of the same configs is left as it
+    was."""
     mod = smem()
     entry16k = LaunchConfig.make(4, BLOCK=2048, BLOCK_G=2, CLUSTER=1, TILES=4)
     got = mod.balanced_config(entry16k, 16383, 2, SM90, mod.odd_lead(2))
@@ -523,8 +519,7 @@ def test_an_odd_lead_adds_no_chunk_on_a_tie_and_cuts_a_one_chunk_config_into_a_c
 ], ids=str)
 def test_a_cluster_config_keeps_lead_under_the_cap_its_chunks_allow(meta, N, cap):
     """dispatched_form keeps LEAD for rows off 128-byte lines in every mode and caps registers by the chunks'
-    shared memory (session32-probes/probe166.log: under that cap the cluster forms with LEAD spill nothing and
-    lead or tie the forms without it; session 31 dropped LEAD for forward chunks over 26 KB instead)."""
+    shared memory: under that cap the cluster forms with LEAD spill nothing."""
     mod = smem()
     x = torch.empty(4096, N, dtype=torch.bfloat16, device="meta")
     problem = matrix_problem(x, x)
@@ -635,7 +630,7 @@ def test_a_backward_that_fails_on_its_first_call_hands_over_to_coops_backward():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_rows_of_one_element_run_coop_without_starting_the_smem_kernel(dtype):
     """Triton 3.6 fails to lower the smem kernels with N specialised to 1 (an LLVM assertion in
-    ConvertTritonGPUToLLVM, its reproducer printed to stderr; H200, session 45), which the odd-row form would
+    ConvertTritonGPUToLLVM, its reproducer printed to stderr), which the odd-row form would
     otherwise take at N = 1: such rows go to coop like any layout smem cannot take, forward and backward, with no
     warning, for a heuristic and an explicit config alike."""
     import warnings
@@ -947,7 +942,7 @@ def test_more_than_2_pow_31_elements():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_auto_runs_smem_forward_and_backward(dtype):
     """512x65536 through autograd: smem forward and smem-bwd (16-bit; fp32 by the many-row rule of
-    dispatch.smem_fp32_cluster_config, session 34, in cluster mode)."""
+    dispatch.smem_fp32_cluster_config, in cluster mode)."""
     x = random_input((512, 65536), dtype, DEVICE, seed=9).requires_grad_()
     assert dispatch.plan("auto", 512, 65536, dtype, dtype, x.device).impl == "smem"
     back = dispatch.plan("auto", 512, 65536, dtype, dtype, x.device, backward=True)
@@ -995,7 +990,7 @@ def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, f
     """The forward of the 32K bucket and of the 16K bucket from 7 rows an SM, the backward of the 16K
     bucket: one chunk a row, no exchange; save the backward of 10M+ elements of rows that fill the 16K block
     (1024x16384), which runs fused-bwd with RELOAD (dispatch.reload_row_config). The backward of the 32K bucket:
-    two chunks of dy and y (probe176-B.log)."""
+    two chunks of dy and y."""
     x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
     fwd = dispatch.plan("auto", M, N, dtype, dtype, x.device)
     assert fwd.impl == forward_impl

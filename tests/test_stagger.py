@@ -53,7 +53,7 @@ def test_a_grouped_launch_waits_in_the_most_groups_that_read_for_min_group_cycle
 
 
 def test_groups_wait_in_launches_up_to_max_grouped_wave_and_halves_up_to_max_wave():
-    """Probe 207: 8 groups gained at 0.82-0.86 of a wave and lost at 0.89-0.91; halves lost from 0.97 (session 37)."""
+    """Groups wait in launches up to MAX_GROUPED_WAVE of a wave, halves up to MAX_WAVE; fuller launches do not wait."""
     problem, per_sm = meta_problem(32, 152064), 5
     full = per_sm * SM90.sm_count
     for fraction, grouped, staggers in ((0.86, True, True), (0.89, True, False), (0.79, False, True),
@@ -84,7 +84,7 @@ def test_row_group_splits_the_rows_in_order_into_groups_of_cdiv_rows(groups):
         per = -(-M // groups)
         assert out.tolist() == [r // per for r in range(M)], M
         assert max(out.tolist()) < groups
-        if groups == 2:  # halves: the late rows are those with 2 * row >= M, as in session 37's rule
+        if groups == 2:  # halves: the late rows are those with 2 * row >= M
             assert out.tolist() == [int(2 * r >= M) for r in range(M)], M
 
 
@@ -125,7 +125,7 @@ def test_only_coops_forward_staggers_and_a_named_stagger_is_kept():
 @pytest.mark.parametrize("M,N,dtype", [(8, 262144, torch.float32), (2, 1048576, torch.float32),
                                        (16, 152064, torch.float32)], ids=str)
 def test_coops_resident_launch_staggers_through_auto_and_matches_float64(M, N, dtype):
-    """Shapes auto runs on coop, resident, under half a wave (session38-probes/probe202-M.log: +3.8-5.0 % here):
+    """Shapes auto runs on coop, resident, under half a wave:
     the launch waits, and softmax and log_softmax match float64 in every element, the output poisoned first."""
     x = random_input((M, N), dtype, DEVICE, seed=M + N)
     plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)

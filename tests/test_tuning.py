@@ -260,7 +260,7 @@ def test_tuner_command_writes_a_table(tmp_path):
 
 def test_a_default_tune_puts_an_odd_length_beside_each_short_bucket_top():
     """Without --n the tuner times each bucket of 8..512 at its top and at top - 3: rows off 16 bytes rank short-row
-    configs differently (H200, session 41, probe 226); --no-odd and longer buckets keep the top alone."""
+    configs differently; --no-odd and longer buckets keep the top alone."""
     from tritonsoftmax.config import n_bucket
     from tritonsoftmax.tune import ODD_BESIDE_MAX, _parse, default_lengths
 
@@ -377,8 +377,8 @@ def test_tuner_says_when_a_dispatch_rule_fixes_a_shapes_config(tmp_path, monkeyp
 
 
 def test_tuner_says_when_max_elements_cuts_the_rows_asked_for(tmp_path, capsys):
-    """--m asks for row counts; --max-elements caps M * N (session 34's 64K-bucket tunes ran 2670 and 2048 of the 4096
-    rows asked for without saying so in the table): the tuner says which lengths ran fewer rows, and the entry sits
+    """--m asks for row counts; --max-elements caps M * N (a 64K-bucket tune at 4096 rows runs fewer, which the table
+    must not hide): the tuner says which lengths ran fewer rows, and the entry sits
     under the M bucket of the rows that ran."""
     from tritonsoftmax import tune
 
@@ -396,8 +396,8 @@ def test_tuner_says_when_max_elements_cuts_the_rows_asked_for(tmp_path, capsys):
 
 def test_tuner_asks_for_auto_as_the_workloads_rows_are_laid_out(tmp_path, monkeypatch):
     """--families auto tunes the family auto runs on the tuner's own rows, which are contiguous: rows off 16 bytes
-    where N does not fill whole 16-byte vectors (since session 33 the dispatcher sends dense odd rows to smem's
-    odd-row form, aligned or not), on them where it does."""
+    where N does not fill whole 16-byte vectors (the dispatcher sends dense odd rows to smem's odd-row form,
+    aligned or not), on them where it does."""
     from tritonsoftmax import dispatch, tune
 
     asked = []
@@ -488,7 +488,7 @@ def test_tuner_refuses_the_kernel_timer_without_a_gpu(tmp_path):
 def test_tuner_times_each_config_as_the_dispatcher_will_run_it(tmp_path, monkeypatch, capsys):
     """The tuner prepares every config of the space, and the chosen one for its error check, through the family's
     dispatched_form: what a launch from a stored entry runs (smem cuts a bucket's config to the row, so a length
-    below the bucket's top ran uncut in the tuner and cut in the dispatcher before session 31)."""
+    below the bucket's top must be timed cut, as it will run)."""
     from tritonsoftmax import tune
     from tritonsoftmax.kernels import _common, fused
 
@@ -526,7 +526,7 @@ _OUT_OF_SPACE_SM90 = {("split", "float32", 1048576, 256), ("split-bwd", "bfloat1
 
 
 def test_every_shipped_sm90_entry_names_its_kernels_parameters_and_is_a_config_of_its_search_space():
-    """A hand-merged table (sessions merge tuner output by hand) must not carry a misspelt or stray parameter, a warp
+    """A hand-merged table (tuner runs' output merged by hand) must not carry a misspelt or stray parameter, a warp
     count the H200 cannot run, or a config no search space holds: each entry is checked against its family's kernel
     signature and its search space at the entry's own key, on the synthetic H200."""
     from shipped_tables import sm90_entries

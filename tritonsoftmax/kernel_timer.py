@@ -2,14 +2,14 @@
 
 ``triton.testing.do_bench`` brackets each call with CUDA events: for a kernel of a few
 microseconds the events' own time and the launch gap are a large, shape-independent share of what
-it reports (H200, session 16: do_bench 4.74 us at fp32 8x2048, the kernel 1.87 us), and its
-ranking of configs or peers at that scale follows noise. :func:`kernel_ms` counts only what ran
+it reports (a couple of microseconds on the H200, more than the kernel itself at fp32 8x2048),
+and its ranking of configs or peers at that scale follows noise. :func:`kernel_ms` counts only what ran
 on the device. The benchmark sweep and the tuner take it with ``--timer kernel``.
 
 A call's time is the length of the union of its activities' intervals: the time the device was busy
 with it. Kernels that overlap are counted once: split's second pass is a programmatic dependent
-launch whose programs start while the first pass ends (H200, session 23, fp32 1x8388608: pass 1
-[0, 14.7] us, pass 2 [8.7, 26.3] us; the sum of the two durations, 32.3 us, counted 6 us twice).
+launch whose programs start while the first pass ends, and the sum of the two durations would
+count that overlap twice.
 For kernels that run one after another the union is their sum.
 """
 

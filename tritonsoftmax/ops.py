@@ -67,8 +67,7 @@ class SoftmaxFunction(torch.autograd.Function):
     """``tritonsoftmax::softmax`` and its autograd formula for eager calls, without the operator's dispatch:
     ``SoftmaxFunction.apply(x, dim, dtype, impl, scale, log, zero_masked)``. The context is set in ``forward``:
     with a separate ``setup_context`` (which ``torch.func`` transforms need; api sends their calls to torch's
-    softmax instead) a recorded call cost as much as through the operator (CPU, session 45: 74 us against 17-24
-    here; bench/NOTES.md)."""
+    softmax instead) a recorded call costs about as much host time as through the operator."""
 
     @staticmethod
     def forward(ctx, x, dim, dtype, impl, scale, log, zero_masked):

@@ -40,8 +40,7 @@ FORWARD_FLAGS = {"LOG": 0, "ZERO_MASKED": 0}  # tables are tuned on plain softma
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # A run without --n tunes each bucket top of 8..ODD_BESIDE_MAX with an odd length of its bucket beside it (top - 3).
 # Odd rows start off 16 bytes, several short rows a program then load element by element, and that ranks configs
-# differently: H200, bf16 4096x13 2.89 against 3.71 us between two configs level at 4096x16, fp16 16384x50 2.96
-# against 3.89 (bench/NOTES.md, session 41, probe 226). Longer buckets keep the top alone: not measured there, and
+# differently (two configs level at 4096x16 can differ by a quarter at 4096x13). Longer buckets keep the top alone:
 # their one-row configs realign odd rows (kernels/_common.row_align); give --n an odd length to tune one that way.
 ODD_BESIDE_MAX = 512
 
@@ -310,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             shares = [t[was] / t[chosen] for t in timings_by_n.values() if was in t]
             print(f"    replaces {how}{was}: " + (f"{max(shares):.3f}x the new entry's time at worst" if shares
                                                   else "not in this run's search space"), flush=True)
-        # Written after every entry: a run cut short keeps all it measured (session 16's, written every
-        # 8 shapes, lost two finished ones to its timeout). A write costs far less than an entry's tuning.
+        # Written after every entry: a run cut short keeps all it measured. A write costs far less than an
+        # entry's tuning.
         # The covers line says how many entries are in, so a run cut short (or with an entry that found no
         # config) does not claim what it missed; it becomes the plain line once every entry is.
         recorded += 1

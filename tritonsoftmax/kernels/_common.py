@@ -160,8 +160,8 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def exp(x):
     """exp(x) as exp2(x * log2(e)) with the flush-to-zero ex2: the same ex2.approx tl.exp uses, but
     tl.exp's non-ftz form costs four more instructions per element for results below 2^-126, which
-    softmax rounds to 0 anyway (an absolute error under 1.2e-38). The 16-bit shared-memory kernel was
-    issue-bound on them (bench/NOTES.md, session 10)."""
+    softmax rounds to 0 anyway (an absolute error under 1.2e-38). Kernels that keep 16-bit data on chip
+    are bound by instruction issue, where those four count."""
     return tl.exp2(x * LOG2E)
 
 
@@ -187,8 +187,7 @@ def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
 @triton.jit
 def store_out(ptrs, value, mask, EVICT: tl.constexpr = 0):
     """Store an output tile (cast to the pointee type). EVICT == DROP: evict_first, so the written
-    lines leave L2 before the input lines a second pass still has to read (bf16 4096x65536 online
-    +3 %, fp16 +4 % on the H200, bench/NOTES.md, session 9)."""
+    lines leave L2 before the input lines a second pass still has to read."""
     if EVICT == DROP:
         tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=mask, eviction_policy="evict_first")
     else:
@@ -485,8 +484,8 @@ C_LAUNCH_TUPLE = 2  # its C function, kernel arguments as one tuple after their 
 
 def c_launch_layout(run) -> int:
     """How to call ``run`` (a CompiledKernel's ``run``) without its Python wrapper, which only
-    allocates the scratch buffers a kernel may need (ours need none) and spends ~2 us doing so
-    (H200 machine, 8x2048 fp32: 8.5 us through the wrapper, 6.6 us direct; bench/NOTES.md).
+    allocates the scratch buffers a kernel may need (ours need none) and costs about 2 us of host
+    time a call doing so.
 
     The layout is recognised from CudaLauncher.__call__'s parameters and attributes, which changed
     once between triton 3.6 and 3.7 (checked against each release's driver.py from 3.6 to 3.9);
@@ -546,7 +545,7 @@ def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable) 
     and ``y`` on the 16-byte alignment ``start`` (warm_launcher's) was compiled for (``aligned``), a
     float ``scale`` and no launch hook installed; any other call goes to ``fallback`` (the launch's
     own __call__, whose hook test this repeats). What it saves is the generic path's argument list and
-    two frames: 0.45-0.73 us a warm call on the H200 machine's host (bench/NOTES.md, session 40)."""
+    two Python frames, a fraction of a microsecond a warm call."""
     runtime = knobs.runtime
 
     def direct(x, y, *extra):
@@ -627,8 +626,8 @@ def _raw_args(x: torch.Tensor, y: torch.Tensor, extra: tuple) -> tuple[list, boo
 # warning about the coming change (which fires on any compile that leaves it unset).
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
-# Shorter rows keep plain masked loads: H200 fp32 4096x1023 (fused, 4 rows a program) 2414 GB/s
-# plain against 1864 realigned; 4096x4097 2893 against 3378 (bench/results/h200/session6-probes/probe15.log).
+# Shorter rows keep plain masked loads: several such rows share a program, and the realigned window's
+# extra index arithmetic costs more than the wide loads it wins on a short row.
 ALIGN_MIN_N = 2048
 
 
@@ -638,13 +637,7 @@ def row_align(problem: RowProblem, *element_sizes: int) -> int:
     is a single row that is not whole 16-byte groups (odd N: masked loads one element wide otherwise),
     and the kernel can realign them (unit column stride, input and output in one layout, rows of at
     least ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
-    pointers for speed only: with others it is still exact, just not vectorised.
-
-    The single row, H200 by kernel time, realigned against plain, the family auto picks
-    (bench/results/h200/session26-probes/probe131.log): 16-bit 1x2049 to 1x4194303 forward and
-    backward 1.06-2.7x (1x12345 2.1-2.7x, fused; 1x100003 1.9x, coop; 1x4194303 2.5x, split); fp32
-    forward 1.02-1.88x; fp32 backward 0.85-2.26x (1x1000003 0.85, coop-bwd's heuristic config; 1x50257
-    0.99)."""
+    pointers for speed only: with others it is still exact, just not vectorised."""
     x = problem.x
     if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N:
         return 1
@@ -672,12 +665,8 @@ def row_vec(problem: RowProblem, *element_sizes: int) -> int:
 
 
 # Held chunks (TILES 1) that are whole in every program of a row skip their masks (FULL): the load, the store and
-# the -inf select go plain, and x * scale - max fuses into one FFMA (sm_90 SASS of coop's fp32 one-warp program: 896
-# -> 720 instructions). H200, kernel time, the plan's config with and without it (bench/results/h200/session29-probes/
-# probe148.log): fp32 8x131072 +6.3 % (1412 -> 1501 GB/s), 16x131072 +5.3 %, 64x131072 +4.6 %, 4x1048576 +4.0 %,
-# 1x131072 +0.5 %; 16-bit cluster programs (8 warps of 32 values a thread) -0.6 to -1.9 %, so 4-byte inputs only.
-# Probe 149 (the rule as adopted): fp32 8x131072 1401 -> 1512 GB/s, 4x1048576 2518 -> 2621, 16x131072 and
-# 64x131072 +4 %; coop's backward (two masked loads a value, no select) -1.0 to +2.3 %, so only the forward takes it.
+# the -inf select go plain, and x * scale - max fuses into one FFMA (about a fifth fewer instructions in coop's
+# fp32 program). 16-bit programs hold twice the values a thread and gain nothing measurable, so 4-byte inputs only.
 FULL_ELEMENT_BYTES = 4
 
 
@@ -692,15 +681,9 @@ def whole_chunks(problem: RowProblem, config: LaunchConfig | None, align: int, e
                and element_size == FULL_ELEMENT_BYTES)
 
 
-# Rows held as half a block plus a small tail (row_tail): blocks of at least TAIL_MIN_BLOCK elements, tails of
-# at most 1/TAIL_MAX_SHARE of the block. H200, kernel time, the same plan with TAIL against TAIL = 0
-# (bench/results/h200/session19-probes/probe82.log): one-row tiles with tails of 4-8 elements gain where the
-# block bounds the programs an SM (forward fp32 4096x16392 3206 -> 4065 GB/s, 16384x8200 +7.6 %, bf16/fp16
-# 65536x1030 +25/+20 %, fp16 16384x2056 +19 %; backward fp32 4096x16392 2933 -> 4205, fp16 16384x8200 +48 %)
-# and are level elsewhere (0.98-1.00: fp32 16384x4100, 16384x2056, 65536x1030; fp16 4096x16392 forward
-# 0.965, where auto runs smem). Tails of 4096-8192 lose in the 16-bit backward (4096x20000: -15 to -20 %),
-# the 64-element tail of N 300 on four-row tiles loses 12-18 % (16-bit), and tails on several-row tiles
-# are mixed (N 136, 2056: 16-bit -2 to -4 %, fp32 +10 %), so the kernels use TAIL on one-row tiles only.
+# Rows held as half a block plus a small tail (row_tail): a row just past a power of two would otherwise take
+# registers for twice its length, halving the programs an SM holds. Only small tails (at most 1/TAIL_MAX_SHARE of
+# the block) on blocks of TAIL_MIN_BLOCK or more: a large tail is a second block's worth of registers again.
 TAIL_MIN_BLOCK = 2048
 TAIL_MAX_SHARE = 64
 

@@ -5,10 +5,9 @@ each program sends its partial pair into slot ``rank`` of every program's shared
 ``st.async``, which counts the bytes on the receiving program's mbarrier, and waits on its own
 mbarrier until its G pairs have landed; then it reads them from its own shared memory: no workspace
 in global memory, no polling of it, no tickets, and no barrier round trip after the stores. This is
-QuACK's exchange; Triton 3.6 has no words for it, so it is written as PTX. (Until session 29 the
-stores were plain ``st.shared::cluster`` followed by a release/acquire cluster barrier; the
-mbarrier's one-way stores took 0.14-0.29 us off every cluster shape measured on the H200:
-bench/results/h200/session29-probes/probe153.log.)
+QuACK's exchange; Triton 3.6 has no words for it, so it is written as PTX. One-way stores counted on
+an mbarrier spare the release/acquire cluster barrier that plain ``st.shared::cluster`` stores would
+need, a round trip on every exchange.
 
 The slots and the mbarrier are the last ``cluster_smem_bytes(BLOCK_G)`` bytes of the program's dynamic
 shared memory, past what the compiled kernel uses: the launch asks for that much more

@@ -20,13 +20,12 @@ on its way out.
 On CUDA, when the compiled kernel's occupancy holds all M x G programs at once, the launch is a
 CUDA cooperative launch instead (the driver then runs every program together, or refuses the
 launch), and program ids replace tickets (RESIDENT): the ticket's atomic round trip before the
-first load is gone (H200, same config: +3-6 % on few long rows, session 8's probe23).
+first load is gone, which is a visible share of a few-microsecond launch over few long rows.
 
 On NVIDIA sm_90+, a config with CLUSTER 1 whose rows make 2-16 chunks runs each row's programs as
 one CTA cluster instead (cluster_mode): the partials go through the cluster's shared memory
 (cluster.py), the hardware starts a cluster's programs together, and neither tickets nor the
-workspace are used (H200, the same config: 0.3-0.5 us faster than the L2 exchange at 16-bit
-8x131072, bench/results/h200/session26-probes/probe127.log).
+workspace are used: shared memory across the cluster answers faster than an L2 round trip.
 
 Programs that wait for each other deadlock under the Triton interpreter, which runs programs one
 after another. There (and whenever ``two_phase`` is asked for) the same kernel runs as two
@@ -146,9 +145,8 @@ def row_words(ws_ptr, row, G, gs, WAIT: tl.constexpr):
 
     That is the whole exchange: no barrier counter, no fence. A word carries its partial itself, so
     it is read whole (a relaxed 64-bit exchange against volatile 64-bit loads) and is valid once
-    non-zero. It replaced a counter barrier with release/acquire atomics whose latency after the
-    row's last arrival was ~3.3 us of a ~13 us smem program (bench/results/h200/session13-probes/
-    probe57.log; session 14 in bench/NOTES.md). The words go back to 0 through depart."""
+    non-zero, where a counter barrier with release/acquire atomics would add its own round trips after
+    the row's last arrival. The words go back to 0 through depart."""
     words = ws_ptr.to(tl.pointer_type(tl.int64)) + row * G + gs
     if WAIT:
         v = poll_words(words, gs < G)
@@ -204,9 +202,9 @@ def depart(ws_ptr, sync_ptr, row, G, gs, after, zero, PER_WORD: tl.constexpr):
     PER_WORD 1: lane g counts this program out of word g (its reader counter sync_ptr[2 + row * G
     + g]), one tensor atomic a lane; with BLOCK_G >= the program's threads (CoopLaunch) no lane is
     replicated, so each thread keeps its own results and nothing waits for them until
-    finish_departure, after the stores. G atomics a program instead of 1 (session 15: +3-4 % on
-    many bf16 rows of 8-16 chunks; -1 to -4 % with G of 64-128). Returns what finish_departure
-    takes (the counts seen)."""
+    finish_departure, after the stores. G atomics a program instead of 1: worth it for rows of a few chunks
+    (per_word_departure), not where G is in the hundreds. Returns what finish_departure takes (the counts
+    seen)."""
     one = 1 + (after.to(tl.int32, bitcast=True) & zero)
     if PER_WORD:
         seen = tl.atomic_add(sync_ptr + 2 + row * G + gs, gs * 0 + one, mask=gs < G, sem="relaxed")
@@ -251,7 +249,7 @@ def exchange_max_sum(ws_ptr, sync_ptr, ticket, row, G, m, s, gs, PHASE: tl.const
     +inf or NaN has non-zero bits): publish_word, row_words, depart. PHASE 1 only publishes and
     returns (m, s); PHASE 2 only combines (m and s are not read; CoopLaunch zeroes the words after
     it). A one-chunk row (G == 1) in the single launch returns (m, s) as they are: no workspace, no
-    exchange (smem's one-chunk rows, session 13). Also returns the counts depart saw, for
+    exchange (smem's one-chunk rows). Also returns the counts depart saw, for
     finish_departure (PER_WORD: see depart)."""
     seen = gs * 0
     if PHASE == 0:
@@ -507,13 +505,8 @@ def cluster_mode(config: LaunchConfig, G: int, device: DeviceInfo, two_phase: bo
 def per_word_departure(G: int, M: int, device: DeviceInfo) -> bool:
     """Whether a single launch of a family that departs_per_word (smem) has its programs leave the
     exchange word by word (depart's PER_WORD): rows of PER_WORD_CHUNKS chunks, at least
-    PER_WORD_ROWS_PER_SM rows an SM. H200, smem through auto against session 14's one count a row,
-    one process (bench/results/h200/session15-probes/probe66.log): forward bf16 4096x262144 4105
-    GB/s against 3912 (+4.9 %), 2048x262144 +4.2 %, 4096x131072 +2.9 %, 600x131072 +1.4 %, fp16
-    4096x262144 +1.4 %, fp32 4096x131072 +0.5 %; backward bf16 4096x131072/262144 +1.4/+1.3 %.
-    Left out (probe64.log, probe65.log, the same departure against one count a row): rows of 4
-    chunks (bf16 4096x65536 0.0/-0.2 %) and few rows, where G reaches 64-128 and every program
-    adds to G counters (bf16 16x1048576 -4.2 %, fp32 64x2097152 -1.3 %; 128x262144 +1.1 %)."""
+    PER_WORD_ROWS_PER_SM rows an SM. Many rows of a few chunks gain from not waiting on one counter
+    before their stores; with G in the tens or hundreds every program would add to G counters."""
     return PER_WORD_CHUNKS[0] <= G <= PER_WORD_CHUNKS[1] and M >= PER_WORD_ROWS_PER_SM * device.sm_count
 
 
@@ -551,14 +544,8 @@ def _chunk(device: DeviceInfo, M: int, N: int, tensors: int = 1) -> int:
     """COOP_CHUNK elements a program, narrower (down to 1024) when M rows would give fewer than
     COOP_PROGRAMS_PER_SM programs per SM; but where a row fits in max_chunks chunks of at most COOP_CHUNK / tensors
     elements (the forward holds x, the backward dy and y), never narrower than that: narrower chunks would need more
-    than max_chunks programs a row and so be read twice (TILES > 1).
-
-    H200, kernel time, the new cut against the old one (bench/results/h200/session36-probes/probe190-G.log, one
-    process, us): forward bf16 1x524288 4.18 / 6.05 (4096 x 1 against 1024 x 4 tiles), 2x524288 4.54 / 5.31, 1x300000
-    3.51 / 5.51, fp16 2x524288 4.51 / 5.30, fp32 1x524288 4.41 / 6.07, 2x524288 5.36 / 5.93; fp32 backward (coop-bwd
-    held, where smem-bwd ran before: dispatch.coop_rereads) 1x524288 4.39 / 4.48, 2x524288 5.76 / 5.82, 1x300000
-    3.47 / 3.59. Holding 8192-element chunks of both dy and y lost: fp32 1x1048576 backward 6.67 against smem-bwd's
-    6.01, hence the backward's half."""
+    than max_chunks programs a row and so be read twice (TILES > 1). The backward holds two tensors, so its chunks
+    are half as long for the same registers."""
     nb = n_bucket(N)
     want = COOP_PROGRAMS_PER_SM * device.sm_count
     block = max(BLOCKS[0], min(COOP_CHUNK, next_power_of_2(triton.cdiv(max(M, 1) * nb, want))))
@@ -706,14 +693,10 @@ class CoopLaunch:
                              extra: tuple) -> None:
         """First call on CUDA: the cooperative launch when all programs fit on the GPU at once (a
         cooperative launch beyond that is refused, so the estimate must not be high; on the H200 it
-        matched the driver's limit exactly, bench/results/h200/session8-probes/probe23.log). Should
-        the driver refuse it anyway (an estimate off on another GPU), nothing ran: the ticketed
-        launch takes over for good, and ``resident_error`` keeps the reason. In coop's forward
-        (``staggers``) the late half of the rows waits (stagger.stagger_meta, in halves): H200, through auto
-        against the same config without a wait, +1.9 to +5.0 % at fp32 16x152064, 8x262144, 2x1048576, 4x1048576
-        and bf16 4x1048576, +0.3 % at bf16 24x152064 (bench/results/h200/session38-probes/probe202-M.log); 4 groups
-        level with halves (probe204-O.log), and cluster mode lost (session37-probes/probe201-L.log), so it has
-        none."""
+        matches the driver's limit). Should the driver refuse it anyway (an estimate off on another GPU),
+        nothing ran: the ticketed launch takes over for good, and ``resident_error`` keeps the reason. In
+        coop's forward (``staggers``) the late half of the rows waits (stagger.stagger_meta, in halves), so that
+        DRAM is not idle while every program exchanges at once; cluster mode does not stagger."""
         resident, self._resident = self._resident, None
         try:
             compiled = resident.compile(x, y, ws, sync, *extra)
@@ -739,8 +722,7 @@ class CoopFamily(Family):
 
     grid_from_m = True
     # Whether launches take depart's PER_WORD where per_word_departure says so: smem's. Coop's own
-    # kernels keep one count a row: no gain measured for them (backward fp32 4096x131072 +0.7 %,
-    # 4096x65536 -4.0 %, 8 warps holding 64 values a thread of dy and y; probe66.log).
+    # kernels keep one count a row: their programs hold wide register chunks and gain nothing from it.
     departs_per_word = False
 
     def __init__(self, name: str, kernel, heuristic, configs=_configs, staggers: bool = False):

@@ -28,24 +28,19 @@ from ._common import (
 IMPL = "fused"
 TILES = (2048, 4096, 8192)  # elements per program when a program takes several short rows
 # Smaller several-row tiles, with 2-8 values a thread: rows of odd length (masked, unvectorized loads) want more
-# programs and threads than the big tiles give. H200 (session 42, probe 232), against the best big tile: 4096x13
-# bf16 1.65 us (ROWS 32, 4 warps) against 2.89, fp32 1.75 against 2.71, bf16 16384x13 1.98 against 3.07; level
-# at 4096x16 (1.52-1.56 against 1.55).
+# programs and threads in flight than the big tiles give.
 SMALL_TILES = (512, 1024)
 # Several-row tiles on few warps at 32 values a thread with 32-bit offsets (I32): a one-warp program is bound by
 # instruction issue, and 64-bit address arithmetic is ~8 % of its instructions (sm_90 SASS of the backward, 4 rows
-# of 256 bf16 on 1 warp: 400 -> 368). H200 (session 43, probes 238-239), 16-bit 16384x160 backward: 4 rows on 1 warp
-# 6.01-6.12 us against auto's 6.26-6.36 (8 rows on 8 warps) and torch.compile's 5.98-6.10; the same tile in 64-bit
-# 6.51-6.58.
+# of 256 bf16 on 1 warp: 400 -> 368), which 32-bit offsets save where every offset of the tile fits (I32_BOUNDS).
 I32_TILES = (1024, 2048, 4096)
 MAX_TILE = 16384  # the most elements a several-row tile may hold
 MAX_N = 65536  # longest row the fused kernel accepts at all (beyond it registers spill badly)
 RELOAD_MIN_N = 8192  # one-row backward configs of blocks this long or longer also come with RELOAD
 PIPELINED_MIN_N = 16384  # rows at least this long also get the persistent pipelined configs
-PIPELINED_STAGES = 3  # H200 bf16 4096x32768: 3 stages 3554 GB/s, 2 stages 2527, none 3097 (bench/NOTES.md)
+PIPELINED_STAGES = 3  # the next rows' loads in flight while this one is reduced and stored
 # Short rows (blocks of 256 and 512) on many rows also get these four-row pipelined configs, (warps, programs
-# an SM), two stages: H200, fp32 16384x256 1 warp 9.34 us against the best plain config's 9.69, bf16
-# 16384x512 10.07 against 10.36 (bench/NOTES.md, session 20, probe 83).
+# an SM), two stages: a short row is too little work to hide a load's latency behind.
 SHORT_PIPELINED = ((1, 32), (4, 16))
 SHORT_PIPELINED_BLOCKS = (256, 512)
 
@@ -351,11 +346,10 @@ FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid, i3
 
 
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
-    """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (H200, fp16
-    4096x32768: 8 warps 4125 GB/s, 16 warps 4097, 32 warps 3760; bench/NOTES.md, session 5). One-row
-    configs of blocks of RELOAD_MIN_N+ also with RELOAD (H200, bf16 4096x16384, one row of 32 warps: 93.7 us
-    with it, 101.5 holding the row; uncapped it lost at 8192, 32768 and fp32: bench/NOTES.md, session 23, probe
-    115), save for rows the kernel holds as half a block plus a tail (row_tail), where RELOAD does nothing. The
+    """The forward's plain configs; rows of 16K+ also with up to 64 values a thread (fewer, wider programs: the
+    backward holds two tensors' rows). One-row configs of blocks of RELOAD_MIN_N+ also with RELOAD (the tile
+    read again for the write instead of held in registers, so more programs fit an SM), save for rows the kernel
+    holds as half a block plus a tail (row_tail), where RELOAD does nothing. The
     configs the dispatcher gives the backward of many rows that fill their block (RELOAD with 32 registers a thread,
     blocks of 1K-32K) come from dispatch.reload_row_config, not from this search space. None on AMD, where RELOAD
     has no eviction hints (HINTS = 0) and would only repeat the plain configs."""

@@ -23,9 +23,8 @@ from .tile import BLOCKS as TILE_BLOCKS
 from .tile import _grid, _heuristic, configs_over
 
 IMPL = "online"
-# tile's widths and 16384 (16 warps): at bf16/fp16 4096x65536 a 16384-wide tile ran 3-5 % faster
-# than the table's 8192 in probes (3193/3230 against 3088/3073 GB/s, H200); the tuner took it for
-# fp16 (3072 -> 3170 through auto) and kept 8192 for bf16 (bench/NOTES.md, session 9)
+# tile's widths and 16384 (16 warps): a wider tile keeps more of a long 16-bit row's loads in flight
+# per program; the tuner picks between them
 BLOCKS = (*TILE_BLOCKS, 16384)
 _configs = configs_over(BLOCKS)
 

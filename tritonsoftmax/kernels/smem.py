@@ -6,15 +6,10 @@ The difference is where a chunk waits for its row's partials: coop holds it in r
 this kernel copies it into shared memory with ``cp.async`` and keeps it there in the input dtype.
 A 16-bit chunk then takes half the on-chip bytes of coop's, 228 KB of shared memory an SM hold
 far more of them than the register file holds fp32 values, and the copies in flight hold no
-registers. H200 (bench/results/h200/session10-probes/probe37.log, one process, GB/s): bf16
-4096x65536 3612 against online's 3170 and coop's 2842, bf16 4096x262144 3620 against coop's 2889,
-fp32 4096x65536 3963 against coop's 3818. Session 11 took the first pass's max on the raw values
-(session11-probes/probe43.log: bf16 4096x65536 3785-3796 against 3694-3702 before) and gave it few
-16-bit rows beyond what coop holds at once (probe39/probe40: 20-30 % over split; dispatch.py).
-Session 12 added the backward (dy and y chunks both held; session12-probes/probe47.log: 16-bit
-4096x65536 4080-4108 against coop's 3584-3592, +13-15 %). Session 27 gave both kernels coop's cluster
-mode (CLUSTER: the partials through a CTA cluster's shared memory, cluster.py), which the 16-bit
-backward's heuristic config takes by backward_cluster's rule (session27-probes/probe139.log).
+registers. So every element is read from DRAM once, even for 16-bit rows too long for coop's registers
+and for few long rows beyond what coop holds at once. The backward holds dy's and y's chunks alike.
+Both kernels take coop's cluster mode (CLUSTER: the partials through a CTA cluster's shared memory,
+cluster.py), which the 16-bit backward's heuristic config takes by backward_cluster's rule.
 
 The kernels are written in Gluon (triton.experimental.gluon), Triton's explicit-layout dialect: plain
 Triton cannot place a tensor in shared memory. So this family needs an NVIDIA GPU of sm_80 or later
@@ -225,11 +220,10 @@ def _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES: gl.constexpr, BLOCK: 
     starts before the row (those lanes hold the copy's zero fill, or an odd row's neighbours).
     m is |scale| times the max of sign(scale) * x, which rounding keeps exact. That max is taken on
     the raw values, the sign flipped by an xor of the sign bit: two 16-bit lanes an instruction pair,
-    so the first pass costs a 16-bit element neither a conversion nor a multiply (H200,
-    session11-probes/probe43.log: bf16 4096x65536 3785-3796 GB/s against 3694-3702 before). No
-    branch on the sign: a version that took max or min under a runtime branch on it, nested in the
-    MASKED one, wrote shared memory out of bounds in its PHASE 1 kernel on triton 3.6
-    (compute-sanitizer, session 11; the cause was not isolated further)."""
+    so the first pass costs a 16-bit element neither a conversion nor a multiply. No branch on the
+    sign: a version that took max or min under a runtime branch on it, nested in the MASKED one, wrote
+    shared memory out of bounds in its PHASE 1 kernel on triton 3.6 (compute-sanitizer; the cause was
+    not isolated further)."""
     sign = gl.where(scale < 0, -1.0, 1.0)
     flip = (gl.zeros([BLOCK], gl.float32, layout) * sign).to(buf.dtype)  # +0.0 or -0.0: 0 or the sign bit
     ev = gl.full([BLOCK], float("-inf"), buf.dtype, layout)
@@ -304,9 +298,7 @@ def _softmax_smem_fwd_kernel(
     covers whole lines, whatever its start; or odd_lead, LINE_BYTES less one element (ODD, LEAD not a
     multiple of the vector): rows may start on any element and N need not be whole vectors (x and y of one
     layout and element size; _odd_row, _vector_lanes, _edge_lanes). The output stores carry no eviction
-    hint: marked evict_first, as they were until session 28, they ran 0.8-0.9 % slower at every many-row
-    shape of probe 145 (H200, triton 3.6, bench/results/h200/session28-probes/probe145.log: two pairs of
-    identical kernels a side).
+    hint: nothing reads the input again, so evict_first on the output buys no L2 room and measured slower.
     CLUSTER: as in the coop kernel (a cluster launch of the row's G programs; the (max, sum) pairs go
     through the cluster's shared memory, past the chunk's: cluster.py). STAGGER: 0, or the SM cycles a group of rows
     waits per group before it (stagger.row_wait; staggered): the rows fall into STAGGER_GROUPS groups of
@@ -398,8 +390,7 @@ def _softmax_smem_bwd_kernel(
     group; TILES: copy groups a chunk (2 x TILES x BLOCK x the element size bytes of shared memory).
     LEAD: as in the forward (the lines of dy's rows; odd rows: dy, y and dx of one layout). CLUSTER: as in the
     forward (the partial sums through the cluster's shared memory). The dx stores carry no eviction hint, as in the
-    forward (evict_first cost 5-6 % at bf16 64x131072, 0.7-2 % at fp32 2048x524288, nothing at 16-bit 4096 rows;
-    probe146.log)."""
+    forward."""
     VEC: gl.constexpr = 128 // dy_ptr.dtype.element_ty.primitive_bitwidth
     VEC_D: gl.constexpr = 128 // dx_ptr.dtype.element_ty.primitive_bitwidth
     ODD: gl.constexpr = LEAD % VEC != 0
@@ -488,19 +479,12 @@ def _config_space(held: int):
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.float32) -> LaunchConfig:
-    """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype:
-    the best of every config at bf16 and fp16 4096x65536 (3710/3742
-    GB/s) and bf16 4096x262144 (3697), within 0.1 % of the best at fp32 4096x65536 (3976 against 3980;
-    bench/results/h200/session10-probes/probe37.log, part D). Rows of up to 32K (the N bucket): the
-    row is one chunk (no exchange), 8 warps for 32K: bf16 4096x32768 3856 against 3796 with 4 warps and
-    3511 with two 16K chunks; 4 warps for 16K, 3707 against 3662 (session13-probes/probe59.log).
+    """Rows longer than 32K: chunks of 16K elements in eight 2K copy groups, 4 warps, in every dtype (a chunk of
+    32-64 KB: several programs an SM, each with many copies in flight). Rows of up to 32K (the N bucket): the
+    row is one chunk (no exchange), 8 warps for 32K, 4 for 16K.
 
-    The config is the bucket's; a launch cuts it to its row's length (balanced_config). That replaced
-    session 15's 8K chunks with 2 warps for many bf16 rows whose last 16K chunk would be at most half
-    full (probe68.log), which balanced 16K chunks beat or tie (session21-probes/probe89-run2.log, bf16,
-    GB/s: 4096x36864 3952 against 3594, 4096x50176 3913 / 3669, 600x40960 3200 / 3122, 4096x40960
-    3943 / 3918, 4096x73728 4004 / 3994). ``dtype`` is not read (the backward's heuristic sizes its
-    chunks in bytes; both take it, as SmemFamily.default_config gives it)."""
+    The config is the bucket's; a launch cuts it to its row's length (balanced_config). ``dtype`` is not read
+    (the backward's heuristic sizes its chunks in bytes; both take it, as SmemFamily.default_config gives it)."""
     nb = n_bucket(N)
     if nb <= ONE_CHUNK_MAX:
         return coop.shape_config(device, N, 2048, 8 if nb >= ONE_CHUNK_MAX else 4, min_tiles=max(1, nb // 2048))
@@ -513,19 +497,10 @@ def _even_cut(config: LaunchConfig, need: int, block: int, device: DeviceInfo, f
     over ``need`` elements, and ``need`` cut into ``fewer`` (when under G, in chunks of at most ``most``
     elements), G or G + 1 chunks (G: the config's count) of ``block`` copy groups. Ties keep the earlier (the
     fewer chunks). A config in cluster mode with G of at most CLUSTER_CUT_MAX_G takes G + 1 only in chunks of at
-    least CLUSTER_CUT_MIN_CHUNK elements.
-
-    H200, bf16 unless named, auto at 4096 rows, G + 1 skipped so (G) against taken (G + 1), one process, kernel
-    time, GB/s (bench/results/h200/session31-probes/probe157.log; probe156.log for 16384 rows): 4096x14400 G 2 in
-    8192 3839 against G 3 in 5120 3606, 4096x15000 3867 / 3523, fp16 4096x15000 3960 / 3679, 16384x14400 4063 /
-    3804 (probe156), 4096x36096 4015 / 3957, 256x36096 2830 / 2747, 4096x60000 4005 / 3781; G + 1 in chunks of at
-    least 11 x 1024 kept: 4096x66808 4143 against G 5 in 14 x 1024 3582, 4096x131400 4156 / 3294, 4096x128936
-    3657 / 3615, 256x200000 3801 / 3712. Out of sample (probe159-F.log): 4096x14600 3812 / 3465 (fp16 3917 / 3585),
-    4096x63000 4088 / 3856 (fp16 4191 / 3994), 1024x63000 3838 / 3683, 128x63000 2743 / 2658. Where G is past 8
-    (clusters of 9-16, of which fewer fit the GPU at once: probe 138) G + 1 led instead: 64x100000 G 14 in 7 x 1024
-    2606 against G 13 in 8192 2468, 64x85000 2423 / 2289, 64x99000 2587 / 2464. The same chunks in cluster mode
-    and ticketed (probe158.log): cluster ahead at every G of 2-16. A config that runs in cluster mode at G never
-    takes a G + 1 that would not (16 chunks to 17: bf16 4096x256000, fp32 64x154403)."""
+    least CLUSTER_CUT_MIN_CHUNK elements: in a small cluster one more, smaller chunk adds a program to every
+    exchange for little shared memory saved, while past 8 programs a cluster (fewer such clusters fit the GPU at
+    once) the smaller chunks win. A config that runs in cluster mode at G never takes a G + 1 that would not (16
+    chunks to 17): the cluster's exchange beats the workspace's at every G of 2-16."""
     g0 = chunks(need, dict(config.meta))
     best = (g0 * config["TILES"] * config["BLOCK"], g0, {})
     cluster = bool(dict(config.meta).get("CLUSTER"))
@@ -555,24 +530,12 @@ def balanced_config(config: LaunchConfig, N: int, itemsize: int, device: DeviceI
     Over the lead the cut also tries the chunk count the row needs without it (in chunks of at most
     max_chunk_elements for ``held`` tensors), first, so that on a tie in shared memory the lead adds no chunk;
     and a one-chunk config (BLOCK_G 1) that the lead still cuts runs its chunks as a CTA cluster where the
-    device has them (coop.cluster_mode). H200, 4096 rows, kernel time, GB/s against the cut before
-    (bench/results/h200/session34-probes/probe175-A.log): forward bf16 4096x16383 2 chunks of 9 x 1024 in a
-    cluster 3806 against 3 of 6 x 1024 3315 (fp16 3909 / 3451), 4096x32767 (the one-chunk heuristic) 2 chunks of
-    9 x 2048 in a cluster 3771 against the same ticketed 2893 (fp16 3892 / 2921). Where more chunks take less
-    shared memory they still win: bf16 4096x32767 under the 32K entry, 3 x 11 x 1024 4062 against 2 x 17 x 1024
-    3947 (probe176-B.log).
+    device has them (coop.cluster_mode): a second chunk exchanging through the cluster costs little, and through
+    the workspace it would cost a ticketed exchange.
 
     A chunk's shared memory is allocated whole, so the bucket's chunks leave the last chunk of a row
-    past a multiple of them part empty, holding shared memory (an SM's programs) for nothing. H200,
-    4096 rows, through auto against the config before (bench/results/h200/session21-probes/
-    probe89-run2.log, one process, kernel time, GB/s): forward fp16 4096x20008 3734 against 2739 (one
-    chunk of 20K against 32K), bf16 4096x12008 3583 / 3342, fp16 4096x36864 3960 / 3547, bf16 4096x50264
-    3763 / 3515, fp32 4096x36864 4045 / 3872; backward bf16 4096x50176 4214 / 3932, 4096x50264 3952 /
-    3746. The losses: bf16 4096x131080 forward 3496 against 3709 (G 10 of 13K; compiled with 8 bytes of
-    register spills, which register_capped removes: 3932 in probe90.log), 4096x200000 backward -1.3 %,
-    fp32 forward -1.1 %. G alone ran 0.7-2.7 % ahead of G + 1 at 50176/50264 forward, and 4.6-6.6 % behind at
-    bf16 40960/73728 forward and 50264 backward (the g0 lines of probe89-run2.log). Rows that chunks fill
-    (65536, every power of two) keep their config."""
+    past a multiple of them part empty, holding shared memory (an SM's programs) for nothing; the cut
+    gives that memory back. Rows that chunks fill (65536, every power of two) keep their config."""
     block = max(BALANCE_BLOCK, config.num_warps * device.warp_size * (ALIGN_BYTES // itemsize))
     allocated, g, cut = _even_cut(config, N, block, device)
     if lead:
@@ -618,7 +581,7 @@ def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
     """Whether the kernels' odd-row form takes ``problem``'s rows wherever they start: input and output (and
     the backward's saved output, in dy's layout) of one layout along unit-stride columns and of one element
     size, so that every row's tensors sit alike against 16-byte boundaries. Not rows of one element: triton 3.6
-    fails to lower the kernels with N specialised to 1 (3.9 does not; bench/NOTES.md, session 45)."""
+    fails to lower the kernels with N specialised to 1 (3.9 does not)."""
     return problem.N > 1 and problem.x == problem.y and problem.x.col == 1 and len(set(element_sizes)) == 1
 
 
@@ -644,18 +607,9 @@ def register_capped(config: LaunchConfig, itemsize: int, held: int, device: Devi
     CAPPED_WARPS warps, so registers never hold fewer programs an SM than the chunks' shared memory allows: 64
     (8 programs) for chunks of up to ~26 KB (forward 16-bit 13 x 1024), more for larger ones (16-bit 14 x 1024:
     72, 16384: 80; fp32 16384: 168; the backward's two 16-bit 16K chunks: 168). Configs of other warp counts, or
-    that name their own cap, are left alone.
-
-    H200, kernel time, GB/s. The cap of 64 (bench/results/h200/session21-probes/probe90.log, 4096 rows, through the
-    launch): bf16 4096x131080 forward, G 10 of 13 x 1024, 3932 with it against 3528 without (64 registers and 8
-    bytes of spills uncapped); every other forward and backward of that probe moved within 0.4 %. Larger chunks
-    under 64 spill 2-20 bytes a thread on triton 3.6 in cluster mode with LEAD (session32-probes/probe163.log), and
-    ran 4-14 % behind the same config without LEAD (session31-probes/probe161.log, probe162.log; probe163.log), so
-    session 31 dropped LEAD for forward cluster chunks over 26 KB. Under this cap nothing spills and LEAD leads or
-    ties (session32-probes/probe166.log). Forward, against no LEAD under 64 (session 31's rule): bf16 1024x125000
-    (14 x 1024) 4036 against 3877, 4096x100000-126000 +0.2-0.4 %. Backward, against LEAD under 64: bf16
-    4096x110000 (8 x 2048) 4363 against 4154, 64x60000 (7 x 1024) 2627 / 2404, fp16 4096x110000 4363 / 4201,
-    fp16 512x60000 3839 / 3802, bf16 4096x100000 and 1024x125000 level (-0.2 / 0.0 %)."""
+    that name their own cap, are left alone. Uncapped, ptxas can take a few registers more than the chunks' shared
+    memory leaves room for and lose a program an SM; a cap set too low spills (larger chunks, cluster mode and
+    LEAD each add address registers), hence a cap that grows with the chunk."""
     if config.num_warps != CAPPED_WARPS or "maxnreg" in dict(config.options):
         return config
     return config.with_options(maxnreg=register_cap(config, itemsize, held, device))
@@ -667,21 +621,11 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     a cap is left alone): later rows wait about as long as earlier rows' bytes take to read before their copies, in
     halves, or, for a cluster config (CLUSTER), in 4 or 8 groups (STAGGER_GROUPS).
 
-    H200, kernel time, one process. Halves against the same config without a wait (bench/results/h200/
-    session37-probes/probe195-B.log, probe196-C.log): fp32 32x152064 (0.73 of a wave) +3.6 % at 5000 cycles, bf16
-    48x152064 (0.52) +5.8 % at 4000, bf16 32x262144 (0.65) +3.4 % at 4500, bf16 24x400000 (0.76) +2.9 % at 5000; past
-    the best wait it loses (8000 cycles -5 to -7 %, 12000 -20 %); launches of a wave or more lose at every wait (fp32
-    48x131072 (0.97) -5 to -14 %, fp32 64x152064 (1.45) -3 to -10 %). Through auto against no wait (probe197-D.log):
-    +0.3 to +7.4 % at 15 shapes; 1000 cycles lost at bf16 16x152064 (-0.7 %, probe199-J.log): stagger.MIN_CYCLES.
-    Groups (session38-probes): jumpy in the wait at first (probe203-N.log: fp32 32x152064 in 4 groups -1 / +3.5 / -2 %
-    at 2000 / 2500 / 3000 cycles), steady with a group's wait its bytes over 1900-2100 (probe204-O.log, 1700 behind);
-    through auto against halves (probe205-P.log): +1.2 to +4.6 % at 14 cluster-mode shapes, fp32 32x152064 3069 GB/s
-    against 2948 (2866 without a wait). Resident launches gained less from groups than from halves (bf16 16x400000
-    in 8 groups -2.2 %, probe204-O.log), so they keep halves. Past 0.8 of a wave (probe206-R.log, probe207-S.log,
-    probe208-T.log): groups +1.4 to +8.9 % at 0.82-0.86 (fp32 36x152064 3095 against 2842), -6 % at 0.89, -20 % at
-    0.91, -7 to -21 % at 0.97 and 1.45: stagger.MAX_GROUPED_WAVE. The backward (dy and y read, dx written) gained
-    nothing from halves at 9 one-wave shapes (-1.7 to +1.6 %, session37-probes/probe198-E.log) and has none. The
-    wait counts SM cycles, so a GPU held to lower clocks waits longer in time."""
+    When every program of a launch runs at once, DRAM sees all the reads, a gap while every row exchanges, then
+    all the writes; staggered rows read while earlier ones exchange and write. A launch of a wave or more
+    already overlaps them and loses from any wait (stagger.MAX_GROUPED_WAVE); the backward, which reads two
+    tensors for each one it writes, gains nothing and has none. The wait counts SM cycles, so a GPU held to
+    lower clocks waits longer in time."""
     cap = dict(config.options).get("maxnreg")
     if cap is None:
         return config
@@ -697,14 +641,8 @@ BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the r
 def _bwd_heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
     """Backward of dy and y of ``dtype``: 2K copy groups, 4 warps, chunks
     of BWD_CHUNK_BYTES (16K elements in 16-bit, 8K in fp32) where the rows give at least
-    COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K elements (more programs for few rows). H200
-    (session12-probes/probe47.log and probe48.log, one process, GB/s, against coop's backward): bf16
-    4096x65536 16K chunks 4080 (8K: 4017-4028) against 3549-3592, bf16 4096x262144 4130-4147 against
-    3655-3675, 32x152064 2037 against 1659; bf16 8x131072 4K chunks 777-855, 16K 739-806, coop
-    700-783. fp32 4096x65536: 8K chunks 4179-4180, 16K 3676-3703 (128 KB: one program an SM),
-    coop 4210-4213, so the dispatcher keeps fp32 rows of that length on coop; from 512K it gives them to
-    smem (dispatch.SMEM_FP32_MIN_N; session13-probes/probe54.log: 2048x524288 4049 against coop's
-    3585)."""
+    COOP_PROGRAMS_PER_SM programs an SM, else narrower, down to 4K elements (more programs for few rows). A
+    program's dy and y chunks together stay within BWD_CHUNK_BYTES so that several fit an SM's shared memory."""
     want = COOP_PROGRAMS_PER_SM * device.sm_count
     most = BWD_CHUNK_BYTES // (2 * dtype.itemsize)
     chunk = min(most, max(4096, next_power_of_2(triton.cdiv(max(M, 1) * n_bucket(N), want))))
@@ -799,7 +737,7 @@ class SmemFamily(CoopFamily):
     tensors whose chunks a program keeps in shared memory; ``fallback``: the coop family that runs
     the calls the kernel cannot take. Its heuristic also takes the input's dtype."""
 
-    departs_per_word = True  # coop.per_word_departure: measured on smem's rows (session 15)
+    departs_per_word = True  # coop.per_word_departure: smem's programs depart word by word
 
     def __init__(self, name: str, kernel, heuristic, held: int, fallback: CoopFamily):
         super().__init__(name, kernel, heuristic, configs=_config_space(held))

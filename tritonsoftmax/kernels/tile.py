@@ -72,8 +72,7 @@ def configs_over(blocks: tuple[int, ...]) -> Callable[[DeviceInfo, int, int], li
             if block > max(blocks[0], next_power_of_2(N)) or (block == blocks[0] and N > blocks[0]):
                 continue
             # No num_stages variants: a bare `range` loop is never software-pipelined, whatever the
-            # launch's num_stages (same PTX for 1..3 with triton 3.9; same speed on the H200 with 3.6,
-            # bench/NOTES.md, session 5), so they only doubled the tuning time.
+            # launch's num_stages (the same PTX for 1..3), so they would only double the tuning time.
             for nw in _common.warp_choices(device, block):
                 out.append(LaunchConfig.make(nw, BLOCK=block))
         return _common.with_backend_options(device, out)
