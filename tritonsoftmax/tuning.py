@@ -3,7 +3,7 @@
 Layout of a file (``<root>/<backend>/<arch>.yaml``; schema in ``tune_cache/README.md``)::
 
     schema: 1
-    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0, date: ...,
+    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0,
              covers: [what each tuner run covered]}
     entries:
       <family>:
@@ -23,7 +23,6 @@ same file both keep their entries.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import tempfile
 import warnings
@@ -216,7 +215,7 @@ def header(device: DeviceInfo, covers: list[str]) -> dict:
 
     return {"device": device.name, "backend": device.backend, "arch": device.arch,
             "triton": triton.__version__, "torch": torch.__version__.split("+")[0],
-            "date": datetime.date.today().isoformat(), "covers": covers}
+            "covers": covers}
 
 
 def _cover_text(item) -> str:
