@@ -10,7 +10,8 @@ GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x819
 (M = 4096, odd N from 1023 to 100003: rows off a 16-byte boundary), ``even`` (even N that are not
 multiples of 16, 100 to 50264: rows on 4-, 8- or 16-byte boundaries that Triton cannot see), ``vocab``
 (M = 4096, language models' vocabulary sizes, 32000 to 256000), ``router`` (16384 tokens over a
-mixture-of-experts router's 8 to 256 experts). Lines:
+mixture-of-experts router's 8 to 256 experts), ``dispatch`` (one shape for each family the
+dispatcher picks: with every family as a line, what auto's choice wins there). Lines:
 tritonsoftmax (auto and each family), a copy of the same bytes, torch.softmax, torch.compile,
 the Triton tutorial kernel, the naive five-op torch version, and Liger-Kernel, FlagGems and
 QuACK when importable (``pip install liger-kernel flag-gems quack-kernels``, or a folder of them
@@ -61,6 +62,11 @@ PLOTS = {
     # Mixture-of-experts routers: 16384 tokens' logits over the experts (Mixtral 8, DBRX 16, Qwen1.5-MoE 60, OLMoE 64,
     # Qwen3-MoE 128, DeepSeek-V2 160, DeepSeek-V3 256); short rows, several a program; 16-bit 60 sits off 16 bytes.
     "router": {"x": "N", "shapes": [(16384, n) for n in (8, 16, 60, 64, 128, 160, 256)]},
+    # One shape for each family the dispatcher picks (docs/dispatch.md): run with every family as a line, it shows
+    # what auto's choice wins over the others there.
+    "dispatch": {"x": "point", "shapes": [(4096, 4096), (4096, 16384), (4096, 16392), (4096, 32768), (4096, 65536),
+                                          (4096, 262144), (8, 131072), (64, 152064), (32, 262144), (32, 524288),
+                                          (4, 1048576), (1, 8388608)]},
 }
 QUICK_PLOTS = {
     "m64": {"x": "N", "shapes": [(64, 256), (64, 1024), (64, 4096)]},
