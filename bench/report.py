@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 SUMMARY = "summary.md"
@@ -92,22 +93,37 @@ def write_summary(out: Path) -> str:
         for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
             pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
             names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
-            lines += ["", f"## {plot}, {dname}", "",
-                      "| M×N | " + " | ".join(LABELS[n] for n in names) + " | best peer | vs best | run |",
-                      "| --- |" + " --- |" * (len(names) + 3)]
+            ran = any(auto_families(pt) for pt in pts)
+            peers = any(best_peer(pt["gbps"]) for pt in pts)
+            head = ["M×N"] + (["auto ran"] if ran else []) + [LABELS[n] for n in names]
+            head += (["best peer", "vs best"] if peers else []) + ["run"]
+            lines += ["", f"## {plot}, {dname}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
             for pt in pts:
-                cells = [fmt_gbps(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
-                best = best_peer(pt["gbps"])
-                ours = pt["gbps"].get("auto")
-                vs = f"{ours / best[1]:.2f}" if ours and best else "–"
-                lines.append(f"| {pt['M']}×{pt['N']} | " + " | ".join(cells) +
-                             f" | {LABELS[best[0]] + ' ' + fmt_gbps(best[1]) if best else '–'} | {vs} | {pt['run']} |")
+                cells = [f"{pt['M']}×{pt['N']}"] + ([auto_families(pt) or "–"] if ran else [])
+                cells += [fmt_gbps(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
+                if peers:
+                    best = best_peer(pt["gbps"])
+                    ours = pt["gbps"].get("auto")
+                    cells += [LABELS[best[0]] + " " + fmt_gbps(best[1]) if best else "–",
+                              f"{ours / best[1]:.2f}" if ours and best else "–"]
+                lines.append("| " + " | ".join(cells + [str(pt["run"])]) + " |")
     skipped = skipped_lines({k: v for p in found for k, v in p["meta"]["skipped"].items()})
     if skipped:
         lines += ["", "## Skipped points", ""] + [f"- {line}" for line in skipped]
     text = "\n".join(lines) + "\n"
     (out / SUMMARY).write_text(text)
     return text
+
+
+def auto_families(pt: dict) -> str:
+    """The families whose kernels auto launched at a point, from the kernel timer's record
+    (``_softmax_<family>_..._kernel``); empty where nothing was recorded."""
+    names = [name for name, _, _ in pt.get("kernels", {}).get("auto", [])]
+    fams = dict.fromkeys(m.group(1) for m in map(_KERNEL_FAMILY.match, names) if m)
+    return "+".join(fams)
+
+
+_KERNEL_FAMILY = re.compile(r"_softmax_([a-z]+)_")
 
 
 def skipped_lines(skipped: dict[str, str]) -> list[str]:
