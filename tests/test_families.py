@@ -302,7 +302,7 @@ def test_coop_heuristic_holds_what_it_can_without_a_second_read(M, N, fwd_block,
 def test_inputs_near_the_float32_limit(impl):
     """Values within float32's range but past what x * log2(e) can hold (> 2.36e38): one element of 3e38, a
     row of equal -3e38 (uniform), a row alternating +-3e38, and one with 3e38 at both ends of several chunks.
-    Session 28's log2-unit exponents (reverted) turned the first two into NaN."""
+    Exponents kept in log2 units (x * log2(e) before the max) turn the first two into NaN."""
     x = random_input((4, 200), torch.float32, DEVICE)
     x[0, 5] = 3e38
     x[1] = -3e38

@@ -21,7 +21,7 @@ It has not run on AMD and is never chosen there.
 What the kernels assume, and :class:`SmemLaunch` checks before each launch (else the call runs
 the coop family's kernel, which takes any layout): unit column strides, 16-byte aligned base
 pointers and row starts, and N a multiple of the 16-byte vector (so each vector of a row is wholly
-in or out of it, which 16-byte copies need). Session 33 added the odd-row form (LEAD = odd_lead): rows
+in or out of it, which 16-byte copies need); save the odd-row form (LEAD = odd_lead): rows
 that start anywhere or end inside a vector, when input and output share one layout and element size
 (odd_rows_fit; base pointers still 16-byte aligned). Each row's window then starts on the line that holds
 its first element; the copies take whole vectors (a row's first and last also hold its neighbours'
