@@ -38,3 +38,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _release_cached_gpu_memory():
+    """On a GPU the suite's parallel workers share one device: each test gives the blocks its worker's caching
+    allocator keeps back, so that one worker's cache of earlier large tensors cannot run another out of memory."""
+    yield
+    if HAS_GPU:
+        torch.cuda.empty_cache()
