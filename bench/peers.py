@@ -135,11 +135,11 @@ def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tens
     """A callable computing softmax's input gradient from the saved output ``y`` = softmax(x, -1)
     and the incoming gradient ``dy`` (all 2-D, contiguous); raises Unavailable like ``prepare``."""
     if name in OURS:
-        from tritonsoftmax import api
+        from tritonsoftmax import execute
 
         if name == "fused" and x.shape[1] > 65536:
             raise Unavailable("fused holds the whole row on chip (N > 65536)")
-        return lambda: api.backward(dy, y, -1, name, 1.0, False, x.dtype)
+        return lambda: execute.backward(dy, y, -1, name, 1.0, False, x.dtype)
     if name == "copy":  # the same bytes: read two tensors, write one
         out = torch.empty_like(x)
         return lambda: torch.add(dy, y, out=out)

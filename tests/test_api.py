@@ -180,15 +180,15 @@ def test_cpu_tensor_without_interpreter_uses_torch(monkeypatch):
 
 
 def test_warm_call_reuses_the_prepared_launch_and_stays_correct():
-    from tritonsoftmax import api
+    from tritonsoftmax import execute
 
     x = random_input((6, 700), torch.float32, DEVICE, seed=1)
     first = tritonsoftmax.softmax(x, impl="online")
-    key = api._signature(x, -1, None, "online", False, False)
+    key = execute._signature(x, -1, None, "online", False, False)
     if DEVICE == "cpu":
-        assert key not in api._prepared, "under the interpreter every call takes the cold path"
+        assert key not in execute._prepared, "under the interpreter every call takes the cold path"
     else:
-        assert key in api._prepared
+        assert key in execute._prepared
     for seed in (2, 3):  # fresh values, same signature
         x2 = random_input((6, 700), torch.float32, DEVICE, seed=seed)
         assert_softmax_close(tritonsoftmax.softmax(x2, impl="online"), x2)
@@ -350,12 +350,12 @@ def test_c_launch_layout_of_the_installed_triton():
 
 @pytest.mark.gpu
 def test_warm_call_starts_the_kernel_through_the_c_launch_function():
-    from tritonsoftmax import api
+    from tritonsoftmax import execute
     from tritonsoftmax.kernels import _common
 
     x = random_input((8, 2048), torch.float32, DEVICE, seed=3)
     tritonsoftmax.softmax(x)
-    start, _, prepared = api._prepared[api._signature(x, -1, None, "auto", False, False)]
+    start, _, prepared = execute._prepared[execute._signature(x, -1, None, "auto", False, False)]
     assert start == prepared.direct and start != prepared.__call__  # the warm call's one-frame start
     assert prepared._warm.layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
     for seed in (4, 5):
@@ -364,7 +364,7 @@ def test_warm_call_starts_the_kernel_through_the_c_launch_function():
 
 
 def test_warm_backward_with_a_misaligned_saved_output_is_still_correct():
-    from tritonsoftmax import api
+    from tritonsoftmax import execute
 
     base = random_input((1, 8 * 64 + 1), torch.float32, DEVICE, seed=5)
     dy = random_input((8, 64), torch.float32, DEVICE, seed=6)
@@ -372,6 +372,6 @@ def test_warm_backward_with_a_misaligned_saved_output_is_still_correct():
         y = torch.softmax(base[0, offset:offset + 512].view(8, 64), -1)
         storage = torch.empty(8 * 64 + 1, device=DEVICE)
         saved = storage[offset:offset + 512].view(8, 64).copy_(y)  # 4-byte offset when offset == 1
-        dx = api.backward(dy, saved, -1, "auto", 1.0, False, torch.float32)
+        dx = execute.backward(dy, saved, -1, "auto", 1.0, False, torch.float32)
         ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
         assert (dx.double() - ref).abs().max().item() <= 1e-5

@@ -335,14 +335,14 @@ def test_gpu_refused_cluster_launch_falls_back(monkeypatch):
 def test_gpu_api_takes_a_stored_cluster_config():
     """Through tritonsoftmax.softmax: a tuning-table entry with CLUSTER 1 runs in cluster mode."""
     import tritonsoftmax
-    from tritonsoftmax import api, dispatch
+    from tritonsoftmax import dispatch, execute
 
     x = random_input((4, 131072), torch.bfloat16, DEVICE, seed=14)
     plan = dispatch.plan("auto", 4, 131072, x.dtype, x.dtype, x.device, False, True, True)
     if plan.family.name != "coop" or not plan.config or not clustered(plan.config):
         pytest.fail(f"the table's 4x131072 bf16 entry is {plan.family.name} {plan.config}: expected coop CLUSTER 1")
     assert_softmax_close(tritonsoftmax.softmax(x), x)
-    *_, prepared = api._prepared[api._signature(x, -1, None, "auto", False, False)]  # this call's launch, no other's
+    *_, prepared = execute._prepared[execute._signature(x, -1, None, "auto", False, False)]  # this call's launch
     assert prepared.mode == "cluster", prepared.mode
 
 
@@ -491,7 +491,7 @@ def test_smem_backward_keeps_given_and_stored_configs_as_they_are():
 def test_gpu_smem_backward_through_autograd_in_cluster_mode(dtype):
     """A 16-bit backward the rule puts in cluster mode, through torch.autograd and tritonsoftmax.softmax."""
     import tritonsoftmax
-    from tritonsoftmax import api
+    from tritonsoftmax import execute
 
     M, N = 512, 65536
     x = random_input((M, N), torch.float32, DEVICE, seed=21).to(dtype).requires_grad_()
@@ -499,6 +499,6 @@ def test_gpu_smem_backward_through_autograd_in_cluster_mode(dtype):
     dy = random_input((M, N), dtype, DEVICE, seed=22)
     (dx,) = torch.autograd.grad(y, x, dy)
     assert_grad_close(dx, dy, y.detach(), 1.0, False)
-    modes = {p.family.name: getattr(p, "mode", None) for *_, p in api._prepared.values()
+    modes = {p.family.name: getattr(p, "mode", None) for *_, p in execute._prepared.values()
              if hasattr(p, "family") and (p.problem.M, p.problem.N, p.problem.dtype) == (M, N, dtype)}
     assert modes.get("smem-bwd") == "cluster", modes  # this shape's launches only: other tests' share the cache

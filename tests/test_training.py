@@ -245,11 +245,11 @@ def test_patch_torch_restores_everything_even_on_error():
 
 @pytest.mark.gpu
 def test_patch_torch_routes_gpu_tensors_to_tritonsoftmax(monkeypatch):
-    from tritonsoftmax import api
+    from tritonsoftmax import execute
 
     calls = []
-    real = api.forward
-    monkeypatch.setattr(api, "forward", lambda *a: calls.append(a[-2]) or real(*a))
+    real = execute.forward
+    monkeypatch.setattr(execute, "forward", lambda *a: calls.append(a[-2]) or real(*a))
     x = random_input((4, 1000), torch.float16, DEVICE)
     with tritonsoftmax.patch_torch():
         y1, y2, y3 = torch.softmax(x, -1), F.log_softmax(x, dim=1), x.softmax(-1, dtype=torch.float32)
@@ -274,14 +274,14 @@ def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
     float64."""
     from synthetic_devices import SM90
 
-    from tritonsoftmax import api
+    from tritonsoftmax import api, execute
 
     monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
     monkeypatch.setitem(dispatch.RELOAD_ROW_CONFIGS, 2, {64: (1, 2, 0, 256)})
     monkeypatch.setitem(dispatch.RELOAD_DENSE_ROW_CONFIGS, 2, {64: (1, 2)})
     seen = []
-    prepare = api._prepare
-    monkeypatch.setattr(api, "_prepare", lambda problem, x, y, impl, flags, backward: seen.append(
+    prepare = execute._prepare
+    monkeypatch.setattr(execute, "_prepare", lambda problem, x, y, impl, flags, backward: seen.append(
         (backward, problem.rows_dense())) or prepare(problem, x, y, impl, flags, backward))
     try:
         x = random_input((8, 64), torch.bfloat16, DEVICE, seed=3)

@@ -14,10 +14,11 @@ import torch
 import triton
 
 from . import tuning
-from .config import LaunchConfig, n_bucket, next_power_of_2
+from .config import LaunchConfig, n_bucket, next_power_of_2, save_tuning_enabled
 from .device import DeviceInfo, device_info
-from .kernels import ALL_FAMILY_NAMES, backward_family, family, gluon_available
+from .kernels import ALL_FAMILY_NAMES, SMEM_MIN_SM, backward_family, coop, family, gluon_available
 from .kernels._common import chunks, heuristic_warps, row_tail
+from .kernels.coop import COOP_CHUNK
 from .layout import ALIGN_BYTES, whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
@@ -39,9 +40,7 @@ FEW_ROWS_PER_SM = 2
 # launch and one read beat split's two launches and second read. A 16-bit forward chunk holds half the
 # bytes for the same wait, and split's two launches win there. Many long rows go to coop in every dtype,
 # forward and backward, except 16-bit forward rows of up to 64K (ONLINE_16BIT_MAX_N). CUDA only: the
-# cooperative kernel has never run on AMD.
-COOP_PROGRAMS_PER_SM = 4
-COOP_CHUNK = 8192
+# cooperative kernel has never run on AMD. COOP_CHUNK is coop's widest chunk (kernels/coop.py).
 # "All on chip at once" counts what is really resident: the coop forward program (4 warps, one
 # COOP_CHUNK chunk) compiles to 89-96 registers a thread on sm_90, so 5 fit an SM.
 COOP_RESIDENT_PER_SM = 5
@@ -63,8 +62,6 @@ SMEM_MIN_N = 32768
 # (coop_holds_all): there split reads each element twice, and smem reads it once. Under that size coop's
 # register chunks stay ahead. The 16-bit backward of rows longer than SMEM_MIN_N goes to smem too, few
 # rows or many (dy and y chunks held in shared memory in their dtype, against coop's fp32 registers).
-# cp.async, which the smem kernels copy with, came with sm_80.
-SMEM_MIN_SM = 80
 # Rows in the SMEM_FP32_MIN_N bucket or longer: the fp32 backward goes to smem, few rows or many, unless
 # coop holds every program at once and reads each element once (coop_holds_all and not coop_rereads):
 # coop's resident launch waits for no tickets, and for shorter rows its register chunks are level with
@@ -113,14 +110,6 @@ SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED = 16384
 RELOAD_OVER_SMEM_MAX_N = 16384
-# The 16-bit backward that smem-bwd runs on its heuristic config takes coop's cluster mode (the row's G
-# programs one CTA cluster, their partial sums through the cluster's shared memory: kernels/cluster.py)
-# when a row has at most SMEM_BWD_CLUSTER_MAX_G chunks, or when all rows make at most
-# SMEM_BWD_CLUSTER_MAX_PROGRAMS programs (and G is a cluster size, 2-16): large clusters over many rows
-# wait for a whole cluster's worth of SMs to come free. The forward in cluster mode loses at many rows
-# and is not ruled in.
-SMEM_BWD_CLUSTER_MAX_G = 7
-SMEM_BWD_CLUSTER_MAX_PROGRAMS = 8192
 
 # Many rows that the fused kernel holds as half a block plus a small tail (fused_held) run a one-row
 # plain fused config with warps for HELD_VALUES_PER_THREAD values a thread of the held half, whatever
@@ -257,8 +246,6 @@ def coop_fits_at_once(s: Shape) -> bool:
 def coop_rereads(s: Shape) -> bool:
     """Coop's heuristic config for the shape reads its chunks twice (TILES > 1: the row needs more
     chunks than max_chunks allows even at the widest chunk coop._chunk holds, COOP_CHUNK / held tensors)."""
-    from .kernels import coop
-
     fam = coop.BWD_FAMILY if s.backward else coop.FAMILY
     return fam.heuristic(s.device, s.M, s.N)["TILES"] > 1
 
@@ -285,7 +272,7 @@ def smem_one_chunk_rows(s: Shape) -> bool:
     """Many 16-bit rows of the 16K bucket (backward, and forward from SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows
     an SM) or the 32K bucket that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N), or two in a
     cluster (the 32K backward, SMEM_ONE_CHUNK_BWD_MAX_N; rows the odd-row lead pushes past a chunk)."""
-    from .kernels import coop, smem
+    from .kernels import smem
 
     clusters = coop.has_clusters(s.device)
     top = SMEM_ONE_CHUNK_FWD_MAX_N
@@ -330,8 +317,6 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks
     of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, and of few rows only rows on 16-byte boundaries (odd rows in
     smem's odd-row form trail coop-bwd there). Else None."""
-    from .kernels import coop
-
     few = few_rows(s)
     if not (s.dtype.itemsize >= 4 and SMEM_FP32_CLUSTER_MIN_N <= n_bucket(s.N) <= SMEM_FP32_CLUSTER_MAX_N
             and (few or s.backward) and smem_takes(s)):
@@ -370,8 +355,6 @@ def coop_tuned_16bit_backward(s: Shape) -> bool:
     if not (s.backward and s.dtype.itemsize <= 2 and few_rows(s) and coop_single_read(s) and smem_takes(s)
             and s.M * s.N <= COOP_BWD_16BIT_CHUNKS_PER_SM * s.device.sm_count * COOP_CHUNK):
         return False
-    from .kernels import coop
-
     return stored(s.device, coop.BWD_FAMILY, s.dtype, s.N, s.M) is not None
 
 
@@ -397,8 +380,6 @@ def realigned_16bit_32k_rows(s: Shape) -> bool:
     those fused holds as half a block plus a tail (held_row_config) and, on GPUs with CTA clusters, those smem can
     copy (smem_copies: dense rows, in its odd-row form, whose extra chunk exchanges in the cluster; ticketed, it
     would trail online)."""
-    from .kernels import coop
-
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
             and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None
             and not (smem_copies(s) and coop.has_clusters(s.device)))
@@ -511,6 +492,16 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
         p = Plan(name, fam, config, info, config is not None)
         _plans[key] = p
     return p
+
+
+def record_autotuned(launch) -> None:
+    """With TRITONSOFTMAX_TUNE_SAVE=1, write what a launch's first call autotuned (its config and time) to the
+    user's tuning table, so later processes launch it without tuning."""
+    if not getattr(launch, "autotuned", False) or not save_tuning_enabled():
+        return
+    p = launch.problem
+    tuning.record(tuning.user_dir(), launch.device, [(launch.family.name, p.dtype, p.N, p.M, launch.config,
+                                                      launch.autotuned_ms)], covers="autotuned on first use")
 
 
 def clear_cache() -> None:

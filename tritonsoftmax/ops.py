@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import torch
 
-from . import api
+from . import execute
 
 
 @torch.library.custom_op("tritonsoftmax::softmax", mutates_args=())
 def softmax_op(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float, log: bool,
                zero_masked: bool) -> torch.Tensor:
-    return api.forward(x, dim, dtype, impl, scale, log, zero_masked)
+    return execute.forward(x, dim, dtype, impl, scale, log, zero_masked)
 
 
 @softmax_op.register_fake
 def _softmax_fake(x, dim, dtype, impl, scale, log, zero_masked):
-    api._normalize_dim(dim, x.dim())
+    execute.normalize_dim(dim, x.dim())
     if dtype is None and not x.is_floating_point():
         raise TypeError(f"softmax needs a floating-point input, got {x.dtype}; pass dtype= to cast it first")
     return torch.empty_like(x, dtype=dtype or x.dtype)
@@ -39,7 +39,7 @@ def _softmax_fake(x, dim, dtype, impl, scale, log, zero_masked):
 @torch.library.custom_op("tritonsoftmax::softmax_backward", mutates_args=())
 def softmax_backward_op(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float, log: bool,
                         input_dtype: torch.dtype) -> torch.Tensor:
-    return api.backward(dy, y, dim, impl, scale, log, input_dtype)
+    return execute.backward(dy, y, dim, impl, scale, log, input_dtype)
 
 
 @softmax_backward_op.register_fake
@@ -71,22 +71,22 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim, dtype, impl, scale, log, zero_masked):
-        y = api.forward(x, dim, dtype, impl, scale, log, zero_masked)
+        y = execute.forward(x, dim, dtype, impl, scale, log, zero_masked)
         _setup_context(ctx, (x, dim, dtype, impl, scale, log, zero_masked), y)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _input_grad(ctx, dy, _NotTwice.apply if torch.is_grad_enabled() else api.backward)
+        return _input_grad(ctx, dy, _NotTwice.apply if torch.is_grad_enabled() else execute.backward)
 
 
 class _NotTwice(torch.autograd.Function):
-    """The backward (``api.backward``) where autograd records it (``create_graph=True``): differentiating
+    """The backward (``execute.backward``) where autograd records it (``create_graph=True``): differentiating
     its result raises instead of giving a gradient without its second-order part."""
 
     @staticmethod
     def forward(ctx, dy, y, dim, impl, scale, log, input_dtype):
-        return api.backward(dy, y, dim, impl, scale, log, input_dtype)
+        return execute.backward(dy, y, dim, impl, scale, log, input_dtype)
 
     @staticmethod
     def backward(ctx, ddx):

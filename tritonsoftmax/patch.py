@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from .api import KERNEL_DTYPES, log_softmax, softmax
+from .api import log_softmax, softmax
+from .execute import KERNEL_DTYPES
 
 # (owner, attribute, log?) for every entry point that is rerouted.
 TARGETS = [(torch, "softmax", False), (F, "softmax", False), (torch.Tensor, "softmax", False),

@@ -14,6 +14,7 @@ FAMILY_NAMES = ("fused", "tile", "online", "split", "coop")
 # are kept apart from the families every test runs on the CPU.
 GLUON_FAMILY_NAMES = ("smem",)
 ALL_FAMILY_NAMES = FAMILY_NAMES + GLUON_FAMILY_NAMES
+SMEM_MIN_SM = 80  # cp.async, which the smem kernels copy with, came with sm_80
 
 _loaded: dict = {}
 # The backward of each forward family: tile's is online's (both are the two-pass looped kernel).

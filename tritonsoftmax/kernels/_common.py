@@ -33,7 +33,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime import driver
 
-from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2, save_tuning_enabled
+from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2
 from ..device import DeviceInfo, cuda_index, device_info, interpreter_active
 from ..layout import ALIGN_BYTES, RowProblem, matrix_problem
 
@@ -731,6 +731,7 @@ class PreparedLaunch:
             config = config.with_meta(I32=0)  # 32-bit offsets would wrap: the same config in 64-bit
         self.family, self.problem, self.config, self.device = family, problem, config, device
         self.from_store = from_store
+        self.autotuned, self.autotuned_ms = False, None  # set when the first call autotuned: what the tuner chose
         self.flags = dict(flags or {})  # semantic constexprs (LOG, ZERO_MASKED, ALIGN, VEC, TAIL): not tuned
         if device.is_hip and "HINTS" in family.kernel.arg_names:
             self.flags["HINTS"] = 0  # L2 eviction hints are NVIDIA PTX: plain loads on AMD
@@ -852,14 +853,10 @@ class PreparedLaunch:
         tuner[lambda meta: self.family.grid(M, N, meta, self.device)](x, y, *extra, *self.tail, **self.flags,
                                                                       **COMPILE_OPTIONS)
         self.config = LaunchConfig.from_triton(tuner.best_config)
-        if save_tuning_enabled():
-            timings = getattr(tuner, "configs_timings", None) or {}
-            best = timings.get(tuner.best_config)
-            ms = best[0] if isinstance(best, (list, tuple)) else best
-            from .. import tuning
-
-            tuning.record(tuning.user_dir(), self.device, [(self.family.name, x.dtype, N, M, self.config, ms)],
-                          covers="autotuned on first use")
+        timings = getattr(tuner, "configs_timings", None) or {}
+        best = timings.get(tuner.best_config)
+        self.autotuned = True
+        self.autotuned_ms = best[0] if isinstance(best, (list, tuple)) else best
         return None
 
 

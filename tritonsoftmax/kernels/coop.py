@@ -42,7 +42,6 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo, interpreter_active
-from ..dispatch import COOP_CHUNK, COOP_PROGRAMS_PER_SM
 from ..layout import RowProblem
 from . import _common
 from ._common import (
@@ -80,6 +79,10 @@ except ImportError as e:  # triton before 3.4
 
 IMPL = "coop"
 BLOCKS = (1024, 2048, 4096, 8192, 16384)
+# The heuristic's chunk: COOP_CHUNK elements a program (fp32: 32 KB, 64 values a thread of 4 warps, held in registers
+# while the row's programs wait for each other), narrower until the rows give COOP_PROGRAMS_PER_SM programs an SM.
+COOP_CHUNK = 8192
+COOP_PROGRAMS_PER_SM = 4
 NEG_INF = tl.constexpr(float("-inf"))
 WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
 PER_WORD_CHUNKS = (8, 16)  # per_word_departure: the chunks a row may have

@@ -37,9 +37,8 @@ import triton
 
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
-from ..dispatch import COOP_PROGRAMS_PER_SM, SMEM_BWD_CLUSTER_MAX_G, SMEM_BWD_CLUSTER_MAX_PROGRAMS, SMEM_MIN_SM
 from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
-from . import _common, coop
+from . import SMEM_MIN_SM, _common, coop
 from ._common import (
     SMEM_RESERVED_PER_PROGRAM,
     chunks,
@@ -51,7 +50,7 @@ from ._common import (
     store_out,
 )
 from .cluster import cluster_arrive
-from .coop import CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
+from .coop import COOP_PROGRAMS_PER_SM, CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
 from .stagger import row_wait, stagger_meta
 
 try:
@@ -635,6 +634,15 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
     return config.with_meta(**meta) if meta else config
 
 
+# The 16-bit backward on smem-bwd's heuristic config (backward_cluster) takes coop's cluster mode (the row's G
+# programs one CTA cluster, their partial sums through the cluster's shared memory: kernels/cluster.py)
+# when a row has at most SMEM_BWD_CLUSTER_MAX_G chunks, or when all rows make at most
+# SMEM_BWD_CLUSTER_MAX_PROGRAMS programs (and G is a cluster size, 2-16): large clusters over many rows
+# wait for a whole cluster's worth of SMs to come free. The forward in cluster mode loses at many rows
+# and is not ruled in.
+SMEM_BWD_CLUSTER_MAX_G = 7
+SMEM_BWD_CLUSTER_MAX_PROGRAMS = 8192
+
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
 
 
@@ -651,8 +659,8 @@ def _bwd_heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torc
 
 def backward_cluster(problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> bool:
     """Whether the 16-bit backward on the heuristic's ``config`` (cut to the row) runs in cluster mode: rows of at
-    most SMEM_BWD_CLUSTER_MAX_G chunks, or at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs in all (dispatch.py has
-    the measurements), where coop.cluster_mode allows it."""
+    most SMEM_BWD_CLUSTER_MAX_G chunks, or at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs in all (why: above),
+    where coop.cluster_mode allows it."""
     g = chunks(problem.N, dict(config.meta))
     return (problem.dtype.itemsize == 2
             and (g <= SMEM_BWD_CLUSTER_MAX_G or problem.M * g <= SMEM_BWD_CLUSTER_MAX_PROGRAMS)

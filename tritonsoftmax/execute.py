@@ -1,0 +1,194 @@
+"""Softmax and its backward on tensors, without autograd: validate, view as rows, plan, launch.
+
+The eager path and the bodies of the autograd operators (``ops.py``) both run here. The first call of a
+signature validates its arguments, views the tensor as rows (``layout``), asks ``dispatch`` for the
+family and config and prepares the family's launch; it is kept, so a warm call with the same
+signature costs one dict lookup and a launch. Tensors our kernels do not take (float64, CPU tensors
+without the Triton interpreter, ``torch.func`` wrappers) are computed by torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, layout
+from .device import interpreter_active
+
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_impl(impl: str) -> None:
+    """A ValueError naming the choices for an ``impl`` that is not "auto" or a family."""
+    if impl not in dispatch.IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(map(repr, dispatch.IMPLS))}")
+
+
+def normalize_dim(dim: int, ndim: int) -> int:
+    """``dim`` as a non-negative index, with torch's errors: TypeError for a non-int, IndexError out of range."""
+    lo, hi = (-1, 0) if ndim == 0 else (-ndim, ndim - 1)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not lo <= dim <= hi:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {dim})")
+    return dim % max(ndim, 1)
+
+
+def check_scale(scale) -> float:
+    """``scale`` as a float (None: 1.0); a TypeError for anything but a Python number."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Apply torch's dtype rules: complex never; integer/bool only with a floating ``dtype``."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+    if x.is_complex():
+        raise TypeError(f"softmax is not defined for complex input (got {x.dtype})")
+    if not x.is_floating_point():
+        if dtype is None:
+            raise TypeError(f"softmax needs a floating-point input, got {x.dtype}; pass dtype= to cast it first")
+        return x.to(dtype)
+    return x
+
+
+# call signature -> (what starts it warm: the launch's ``direct`` where it has one, output dtype or None: x's,
+# the prepared launch)
+_prepared: dict[tuple, tuple] = {}
+_PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
+
+
+def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
+    """What a warm call must match to reuse a prepared launch (device as an index: cheaper than x.device)."""
+    return (x.shape, x.stride(), x.dtype, x.get_device(), dim, dtype, impl, log, zero_masked)
+
+
+def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float | None, log: bool,
+            zero_masked: bool) -> torch.Tensor:
+    """Softmax/log-softmax without autograd: the eager path (and the custom operator's body)."""
+    try:
+        hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
+        hit = None
+    if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
+        start, out_dtype, _ = hit
+        y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)  # no dtype: cheaper
+        try:
+            start(x, y, 1.0 if scale is None else check_scale(scale))
+        except RuntimeError:  # a torch.func wrapper (vmap) has no storage: its data_ptr raises before any launch
+            if not functorch_active():
+                raise
+            return forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
+        return y
+    return forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
+
+
+def functorch_active() -> bool:
+    """A torch.func transform (vmap, grad, jacrev, ...) is running: its tensors are wrappers without storage, which
+    our kernels cannot read and whose autograd they would not record."""
+    return torch._C._are_functorch_transforms_active()
+
+
+def _torch_forward(x, dim, out_dtype, scale, log, zero_masked) -> torch.Tensor:
+    """The reference computation for what our kernels do not take (float64, CPU tensors, torch.func transforms)."""
+    z = x if scale == 1.0 else x * scale
+    y = torch.log_softmax(z, dim, dtype=out_dtype) if log else torch.softmax(z, dim, dtype=out_dtype)
+    if zero_masked:
+        y = y.masked_fill((z == float("-inf")).all(dim, keepdim=True), 0.0)
+    return _like_input(y, x, out_dtype)
+
+
+def _like_input(r: torch.Tensor, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``r`` in the layout of ``torch.empty_like(x)`` (what every path of ours returns)."""
+    out = torch.empty_like(x, dtype=out_dtype)
+    if out.stride() == r.stride():
+        return r
+    return out.copy_(r)
+
+
+def forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
+    """The first call of a signature: validate, choose, prepare (and remember) the launch."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"softmax expects a torch.Tensor, got {type(x).__name__}")
+    check_impl(impl)
+    s = check_scale(scale)
+    key = _signature(x, dim, dtype, impl, log, zero_masked)
+    x = _cast_input(x, dtype)
+    dim = normalize_dim(dim, x.dim())
+    out_dtype = dtype or x.dtype
+    if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0 or x.numel() == 0
+            or (x.device.type == "cpu" and not interpreter_active()) or functorch_active()):
+        return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
+    flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
+    y = torch.empty_like(x, dtype=out_dtype)
+    # Remember the launch unless a cast happened (the key is the uncast input's) or the interpreter
+    # runs it (it reads the environment on every call).
+    remember = key if key[2] == x.dtype and x.device.type != "cpu" else None
+    return _launch_rows(x, y, (), dim, impl, flags, False, s, remember, out_dtype)
+
+
+def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl: str, flags: dict, backward: bool,
+                 scale: float, remember: tuple | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """Run the chosen kernel over the rows along ``dim``: ``a`` (x, or the backward's dy) and ``rest``
+    (the saved output) into ``out``; prepared launches of in-place layouts are kept under ``remember``.
+    Layouts whose other dims do not collapse into two stride groups (or whose column stride passes
+    32 bits) run on contiguous copies with ``dim`` last, written back into ``out``'s layout."""
+    problem = layout.row_problem(a, out, dim)
+    if problem is not None:
+        prepared = _prepare(problem, a, out, impl, flags, backward)
+        prepared(a, out, *rest, scale)
+        dispatch.record_autotuned(prepared)
+        if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
+            if len(_prepared) >= _PREPARED_MAX:
+                _prepared.clear()
+            _prepared[remember] = (getattr(prepared, "direct", prepared), None if out_dtype == a.dtype else out_dtype,
+                                   prepared)
+        return out
+    at, *rt = (t.movedim(dim, -1).contiguous() for t in (a, *rest))
+    ot = torch.empty_like(at, dtype=out.dtype)
+    prepared = _prepare(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)
+    prepared(at, ot, *rt, scale)
+    dispatch.record_autotuned(prepared)
+    return out.copy_(ot.movedim(-1, dim))
+
+
+def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
+             backward: bool):
+    aligned = problem.rows_aligned(x.element_size(), y.element_size())
+    dense = problem.rows_dense() and x.element_size() == y.element_size()
+    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense)
+    return p.family.prepare(problem, p.config, p.device, p.from_store, flags)
+
+
+def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float, log: bool,
+             input_dtype: torch.dtype) -> torch.Tensor:
+    """The input gradient of softmax/log_softmax from the incoming gradient and the saved output:
+    scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""
+    dim = normalize_dim(dim, y.dim())
+    if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
+            or (y.device.type == "cpu" and not interpreter_active())):
+        dyf, yf = dy.to(y.dtype), y
+        if log:
+            dx = scale * (dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True))
+        else:
+            dx = scale * yf * (dyf - (dyf * yf).sum(dim, keepdim=True))
+        return _like_input(dx.to(input_dtype), y, input_dtype)
+    key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)
+    if dy.dtype != y.dtype or dy.stride() != y.stride():
+        dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+    dx = torch.empty_like(y)
+    hit = _prepared.get(key)
+    if hit is not None:  # the prepared launch itself: its direct start takes (x, y, scale) calls only
+        hit[2](dy, dx, y, float(scale))
+    else:
+        _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale),
+                     key if y.device.type != "cpu" else None, y.dtype)
+    return dx if input_dtype == dx.dtype else dx.to(input_dtype)
+
+
+def forget_prepared() -> None:
+    """Forget every prepared launch (``tritonsoftmax.clear_caches`` also forgets decisions)."""
+    _prepared.clear()
