@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from tritonsoftmax.device import interpreter_active
+
 SHAPES = [(1, 1), (7, 17), (64, 1000), (3, 4097), (2, 20000)]
 GPU_SHAPES = [(4096, 1024), (4096, 16384), (256, 131072)]
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3}
@@ -31,14 +33,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     on_gpu = torch.cuda.is_available()
-    if not on_gpu and not _interpreter_on():
+    if not on_gpu and not interpreter_active():
         # The kernels were defined when `python -m` imported the package, before this could turn the
         # interpreter on: run again in a process that has it from the start.
         cmd = [sys.executable, "-m", "tritonsoftmax", *(sys.argv[1:] if argv is None else argv)]
