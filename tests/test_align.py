@@ -1,7 +1,7 @@
 """Rows that start off a 16-byte boundary (a row length that is not a multiple of 16 bytes): the
-forward kernels' realigned path (ALIGN > 1, _common.row_window) and the rule that turns it on. Rows on
+forward kernels' realigned path (ALIGN > 1, row_ops.row_window) and the rule that turns it on. Rows on
 16-byte boundaries whose length is not a multiple of 16 elements: the fused kernels' VEC declaration
-(_common.row_vec)."""
+(constexprs.row_vec)."""
 
 import json
 
@@ -13,7 +13,7 @@ from softmax_ref import assert_softmax_close, grad_reference, poisoned_like, ran
 
 from tritonsoftmax.config import LaunchConfig, next_power_of_2
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import _common, backward_family, family
+from tritonsoftmax.kernels import backward_family, constexprs, family
 from tritonsoftmax.layout import RowProblem, RowStrides, matrix_problem
 
 REALIGNED = [
@@ -34,16 +34,16 @@ def _problem(N: int, x_outer: int, y_outer: int | None = None, col: int = 1) -> 
 
 
 def test_row_align_turns_on_for_rows_off_16_bytes_only():
-    assert _common.row_align(_problem(2051, 2051), 4, 4) == 4
-    assert _common.row_align(_problem(2051, 2051), 2, 2) == 8
-    assert _common.row_align(_problem(2051, 2051), 2, 4) == 8, "the narrower dtype sets the group"
-    assert _common.row_align(_problem(2052, 2052), 4, 4) == 1, "2052 fp32 = 8208 bytes: every row is aligned"
-    assert _common.row_align(_problem(2052, 2052), 2, 2) == 8, "2052 fp16 = 4104 bytes: not a multiple of 16"
-    assert _common.row_align(_problem(2051, 2056), 4, 4) == 1, "a padded row stride keeps rows aligned"
-    assert _common.row_align(_problem(2051, 2051, 2052), 4, 4) == 1, "x and y in different layouts"
-    assert _common.row_align(_problem(2051, 2051, col=2), 4, 4) == 1, "strided columns"
-    short = _common.ALIGN_MIN_N - 1
-    assert _common.row_align(_problem(short, short), 4, 4) == 1, "short rows keep the plain path"
+    assert constexprs.row_align(_problem(2051, 2051), 4, 4) == 4
+    assert constexprs.row_align(_problem(2051, 2051), 2, 2) == 8
+    assert constexprs.row_align(_problem(2051, 2051), 2, 4) == 8, "the narrower dtype sets the group"
+    assert constexprs.row_align(_problem(2052, 2052), 4, 4) == 1, "2052 fp32 = 8208 bytes: every row is aligned"
+    assert constexprs.row_align(_problem(2052, 2052), 2, 2) == 8, "2052 fp16 = 4104 bytes: not a multiple of 16"
+    assert constexprs.row_align(_problem(2051, 2056), 4, 4) == 1, "a padded row stride keeps rows aligned"
+    assert constexprs.row_align(_problem(2051, 2051, 2052), 4, 4) == 1, "x and y in different layouts"
+    assert constexprs.row_align(_problem(2051, 2051, col=2), 4, 4) == 1, "strided columns"
+    short = constexprs.ALIGN_MIN_N - 1
+    assert constexprs.row_align(_problem(short, short), 4, 4) == 1, "short rows keep the plain path"
 
 
 @pytest.mark.parametrize("N", [7, 203, 250])
@@ -107,12 +107,12 @@ def test_row_align_turns_on_for_a_single_row_of_partial_groups():
     def one(N):
         return RowProblem(1, N, 1, RowStrides(0, 0, 1), RowStrides(0, 0, 1))
 
-    assert _common.row_align(one(2051), 4, 4) == 4
-    assert _common.row_align(one(100003), 2, 2) == 8
-    assert _common.row_align(one(2052), 4, 4) == 1, "whole fp32 groups: VEC declares them"
-    assert _common.row_align(one(2052), 2, 2) == 8, "2052 fp16 is half a group short"
-    assert _common.row_align(one(2047), 2, 2) == 1, "short rows keep the plain path"
-    assert _common.row_align(_problem(2051, 2056), 4, 4) == 1, "several padded rows: unchanged"
+    assert constexprs.row_align(one(2051), 4, 4) == 4
+    assert constexprs.row_align(one(100003), 2, 2) == 8
+    assert constexprs.row_align(one(2052), 4, 4) == 1, "whole fp32 groups: VEC declares them"
+    assert constexprs.row_align(one(2052), 2, 2) == 8, "2052 fp16 is half a group short"
+    assert constexprs.row_align(one(2047), 2, 2) == 1, "short rows keep the plain path"
+    assert constexprs.row_align(_problem(2051, 2056), 4, 4) == 1, "several padded rows: unchanged"
 
 
 def test_rows_aligned_is_about_every_row_of_both_tensors():
@@ -190,22 +190,22 @@ def test_realigned_path_is_exact_when_the_base_pointer_is_off_16_bytes(impl, con
 
 
 def test_row_vec_declares_the_widest_vectors_rows_are_made_of():
-    assert _common.row_vec(_problem(200, 200), 4, 4) == 4, "800-byte rows of 200 fp32"
-    assert _common.row_vec(_problem(136, 136), 2, 2) == 8, "272-byte rows of 136 bf16"
-    assert _common.row_vec(_problem(200, 200), 4, 2) == 4, "the wider dtype sets the vector"
-    assert _common.row_vec(_problem(100, 100), 2, 2) == 4, "200-byte rows start on 8 bytes: 8-byte vectors"
-    assert _common.row_vec(_problem(102, 102), 2, 2) == 2, "204-byte rows start on 4 bytes"
-    assert _common.row_vec(_problem(101, 101), 2, 2) == 1, "odd N"
-    assert _common.row_vec(_problem(202, 202), 4, 4) == 2, "N whole 8-byte vectors only"
-    assert _common.row_vec(_problem(200, 208), 4, 4) == 4, "a padded row stride"
-    assert _common.row_vec(_problem(200, 202), 4, 4) == 2, "a row stride off 16 bytes"
-    assert _common.row_vec(_problem(200, 201), 4, 4) == 1, "an odd row stride"
-    assert _common.row_vec(_problem(200, 200, 202), 4, 4) == 2, "the output's stride counts too"
-    assert _common.row_vec(_problem(200, 200, col=2), 4, 4) == 1, "strided columns"
-    assert _common.row_vec(_problem(200, 200), 8, 8) == 2
-    assert _common.row_vec(_problem(256, 256), 4, 4) == 1, "Triton knows 256 and its strides are multiples of 16"
-    assert _common.row_vec(_problem(256, 264), 4, 4) == 4, "a row stride of 264 it does not"
-    assert _common.row_vec(_problem(256, 260), 2, 2) == 4, "260 bf16 = 520 bytes"
+    assert constexprs.row_vec(_problem(200, 200), 4, 4) == 4, "800-byte rows of 200 fp32"
+    assert constexprs.row_vec(_problem(136, 136), 2, 2) == 8, "272-byte rows of 136 bf16"
+    assert constexprs.row_vec(_problem(200, 200), 4, 2) == 4, "the wider dtype sets the vector"
+    assert constexprs.row_vec(_problem(100, 100), 2, 2) == 4, "200-byte rows start on 8 bytes: 8-byte vectors"
+    assert constexprs.row_vec(_problem(102, 102), 2, 2) == 2, "204-byte rows start on 4 bytes"
+    assert constexprs.row_vec(_problem(101, 101), 2, 2) == 1, "odd N"
+    assert constexprs.row_vec(_problem(202, 202), 4, 4) == 2, "N whole 8-byte vectors only"
+    assert constexprs.row_vec(_problem(200, 208), 4, 4) == 4, "a padded row stride"
+    assert constexprs.row_vec(_problem(200, 202), 4, 4) == 2, "a row stride off 16 bytes"
+    assert constexprs.row_vec(_problem(200, 201), 4, 4) == 1, "an odd row stride"
+    assert constexprs.row_vec(_problem(200, 200, 202), 4, 4) == 2, "the output's stride counts too"
+    assert constexprs.row_vec(_problem(200, 200, col=2), 4, 4) == 1, "strided columns"
+    assert constexprs.row_vec(_problem(200, 200), 8, 8) == 2
+    assert constexprs.row_vec(_problem(256, 256), 4, 4) == 1, "Triton knows 256 and its strides are multiples of 16"
+    assert constexprs.row_vec(_problem(256, 264), 4, 4) == 4, "a row stride of 264 it does not"
+    assert constexprs.row_vec(_problem(256, 260), 2, 2) == 4, "260 bf16 = 520 bytes"
 
 
 VEC_CASES = [(torch.float32, 200, 4), (torch.float16, 136, 8), (torch.float32, 1000, 4), (torch.float16, 2056, 8),

@@ -12,7 +12,7 @@ from tritonsoftmax import dispatch, tuning
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import DeviceInfo
 from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, fused, online, split
-from tritonsoftmax.kernels._common import PreparedLaunch
+from tritonsoftmax.kernels.launches import PreparedLaunch
 from tritonsoftmax.layout import matrix_problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,14 +56,14 @@ def test_dispatch_on_amd_uses_the_register_file_and_cu_count():
 
 
 def test_nvidia_only_load_hints_stay_behind_hints_and_off_on_amd():
-    """L2 eviction hints live in two helpers (_common.load_f32, _common.store_out), only under
+    """L2 eviction hints live in two helpers (row_ops.load_f32, row_ops.store_out), only under
     EVICT != 0, and every kernel that can emit them gets HINTS=0 on a HIP device; no cache
     modifiers anywhere."""
     for path in (REPO / "tritonsoftmax" / "kernels").glob("*.py"):
         source = path.read_text()
         assert not re.search(r"cache_modifier|\.cg\b|\.cs\b", source), path.name
         uses = len(re.findall(r"eviction_policy=", source))
-        assert uses == (3 if path.name == "_common.py" else 0), path.name
+        assert uses == (3 if path.name == "row_ops.py" else 0), path.name
     x = torch.randn(4, 64)
     problem = matrix_problem(x, torch.empty_like(x))
     hinted = [f for f in (online.FAMILY, online.BWD_FAMILY, coop.FAMILY, coop.BWD_FAMILY, *split.FAMILY.passes,

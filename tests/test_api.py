@@ -36,7 +36,7 @@ def test_sliced_rows_and_columns(impl):
 
 def _spy_launches(monkeypatch) -> dict:
     """Record the input pointer and RowProblem of the next kernel launch through the API."""
-    from tritonsoftmax.kernels._common import PreparedLaunch
+    from tritonsoftmax.kernels.launches import PreparedLaunch
 
     seen = {}
     real = PreparedLaunch.__call__
@@ -172,7 +172,7 @@ def test_non_tensor_raises_type_error():
 
 def test_cpu_tensor_without_interpreter_uses_torch(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    from tritonsoftmax.kernels._common import PreparedLaunch
+    from tritonsoftmax.kernels.launches import PreparedLaunch
 
     monkeypatch.setattr(PreparedLaunch, "__call__", lambda *a, **k: pytest.fail("a kernel ran for a CPU tensor"))
     x = torch.randn(3, 10)
@@ -206,34 +206,35 @@ def test_warm_call_with_misaligned_pointer_is_still_correct():
 def test_raw_args_pass_addresses_and_flag_a_misaligned_extra_tensor():
     """The warm path hands Triton's launcher addresses; any tensor argument off 16 bytes (the
     saved output of a backward too, not only x and y) sends the call back through Triton."""
-    from tritonsoftmax.kernels._common import _raw_args
+    from tritonsoftmax.kernels.triton_launcher import raw_args
 
     base = torch.zeros(64)
     assert base.data_ptr() % 16 == 0
     x, y, odd = base[:16], base[16:32], base[1:17]
-    args, aligned = _raw_args(x, y, (odd, 0.5))
+    args, aligned = raw_args(x, y, (odd, 0.5))
     assert args == [x.data_ptr(), y.data_ptr(), odd.data_ptr(), 0.5] and not aligned
-    assert _raw_args(x, y, (y, 0.5)) == ([x.data_ptr(), y.data_ptr(), y.data_ptr(), 0.5], True)
-    assert not _raw_args(odd, y, ())[1]
+    assert raw_args(x, y, (y, 0.5)) == ([x.data_ptr(), y.data_ptr(), y.data_ptr(), 0.5], True)
+    assert not raw_args(odd, y, ())[1]
 
 
 def test_warm_path_passes_every_constexpr_including_defaults():
     """A compiled kernel's launcher takes every constexpr; a config that leaves fused's STAGES and
     PER_SM to their defaults must still pass them (found on the H200: 31 arguments for 33)."""
     from tritonsoftmax.config import LaunchConfig
-    from tritonsoftmax.kernels import _common, fused
+    from tritonsoftmax.kernels import fused, triton_launcher
 
     plain = LaunchConfig.make(4, BLOCK_N=1024, ROWS=2)
     flags = {"LOG": 0, "ZERO_MASKED": 1}
-    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags}) == (
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags}) == (
         0, 1, 1024, 2, 1, 0, 1, 1, 0, 0)
     piped = LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, STAGES=3, PER_SM=1)
     flags["ALIGN"] = 8
-    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(piped.meta), **flags}) == (
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(piped.meta), **flags}) == (
         0, 1, 16384, 1, 3, 1, 8, 1, 0, 0)
     flags.update(ALIGN=1, VEC=4, TAIL=8)
-    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-4:] == (1, 4, 8, 0)
-    assert _common.constexpr_values(fused.FAMILY.kernel, {**dict(plain.with_meta(I32=1).meta), **flags})[-1] == 1
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-4:] == (1, 4, 8, 0)
+    wide = {**dict(plain.with_meta(I32=1).meta), **flags}
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, wide)[-1] == 1
 
 
 def _fake_launcher(call, **attrs):
@@ -254,46 +255,46 @@ def call_37(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch
 
 
 def test_c_launch_layout_recognises_each_triton_launcher_and_refuses_the_rest():
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import triton_launcher
 
     tuple_attrs = {"arg_annotations": (), "kernel_signature": b""}
-    assert _common.c_launch_layout(_fake_launcher(call_36)) == _common.C_LAUNCH_SPREAD
-    assert _common.c_launch_layout(_fake_launcher(call_37, **tuple_attrs)) == _common.C_LAUNCH_TUPLE
+    assert triton_launcher.c_launch_layout(_fake_launcher(call_36)) == triton_launcher.C_LAUNCH_SPREAD
+    assert triton_launcher.c_launch_layout(_fake_launcher(call_37, **tuple_attrs)) == triton_launcher.C_LAUNCH_TUPLE
     refused = [_fake_launcher(call_37),  # 3.7 parameters without the annotations it needs
                _fake_launcher(call_36, global_scratch_size=128),  # the wrapper would allocate scratch
                _fake_launcher(call_37, profile_scratch_size=64, **tuple_attrs),
                _fake_launcher(call_37, gsan_enabled=True, **tuple_attrs),
                _fake_launcher(lambda self, *args: None),
                object()]
-    assert all(_common.c_launch_layout(r) == _common.RUN_LAUNCHER for r in refused)
+    assert all(triton_launcher.c_launch_layout(r) == triton_launcher.RUN_LAUNCHER for r in refused)
 
 
 def test_warm_launcher_passes_each_launcher_layout_its_arguments_in_order():
     """What a warm call hands Triton's C launch function (3.6: spread; 3.7-3.9: the kernel arguments
     as one tuple after their annotations), and the launcher itself when its layout is not known."""
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import triton_launcher
 
     calls = []
     hooks = {"launch": lambda *a: calls.append(a), "launch_cooperative_grid": False, "launch_pdl": True}
     packed, fixed, kernel_args = (4, 1, 0), (7, 8), [11, 12, 0.5]
     stream = {3: 1003}.__getitem__  # device index -> its current stream
 
-    start = _common.warm_launcher(_fake_launcher(call_36, **hooks), (5, 2, 1), 42, packed, fixed, stream, 3)
+    start = triton_launcher.warm_launcher(_fake_launcher(call_36, **hooks), (5, 2, 1), 42, packed, fixed, stream, 3)
     start(*kernel_args)
-    assert start.layout == _common.C_LAUNCH_SPREAD
+    assert start.layout == triton_launcher.C_LAUNCH_SPREAD
     assert calls.pop() == (5, 2, 1, 1003, 42, False, True, None, None, packed, None, None, None, 11, 12, 0.5, 7, 8)
 
-    start = _common.warm_launcher(_fake_launcher(call_37, arg_annotations=("ann",), kernel_signature=b"sig", **hooks),
-                                  (5, 2, 1), 42, packed, fixed, stream, 3)
+    run = _fake_launcher(call_37, arg_annotations=("ann",), kernel_signature=b"sig", **hooks)
+    start = triton_launcher.warm_launcher(run, (5, 2, 1), 42, packed, fixed, stream, 3)
     start(*kernel_args)
-    assert start.layout == _common.C_LAUNCH_TUPLE
+    assert start.layout == triton_launcher.C_LAUNCH_TUPLE
     assert calls.pop() == (5, 2, 1, 1003, 42, False, True, packed, None, None, None, None, None, ("ann",), b"sig",
                            (11, 12, 0.5, 7, 8))
 
     refused = _fake_launcher(lambda self, *a: calls.append(("run", *a)), **hooks)
-    start = _common.warm_launcher(refused, (5, 2, 1), 42, packed, fixed, stream, 3)
+    start = triton_launcher.warm_launcher(refused, (5, 2, 1), 42, packed, fixed, stream, 3)
     start(*kernel_args)
-    assert start.layout == _common.RUN_LAUNCHER
+    assert start.layout == triton_launcher.RUN_LAUNCHER
     assert calls.pop() == ("run", 5, 2, 1, 1003, 42, packed, None, None, None, 11, 12, 0.5, 7, 8)
     assert not calls
 
@@ -304,17 +305,17 @@ def test_direct_start_takes_the_common_warm_call_and_hands_the_rest_to_the_launc
     or an installed hook go to the full call (the PreparedLaunch's own __call__)."""
     from triton import knobs
 
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import triton_launcher
 
     started, full = [], []
     x, y, saved = torch.zeros(64), torch.zeros(64), torch.zeros(64)
-    direct = _common.direct_start(lambda *a: started.append(a), True, lambda *a: full.append(a))
+    direct = triton_launcher.direct_start(lambda *a: started.append(a), True, lambda *a: full.append(a))
     direct(x, y, 0.5)
     assert started.pop() == (x.data_ptr(), y.data_ptr(), 0.5) and not full
     for call in ((x[1:], y[1:], 0.5), (x, y, saved, 0.5), (x, y, 1)):
         direct(*call)
         assert full.pop() == call and not started
-    assert not _common.direct_start(lambda *a: started.append(a), False, lambda *a: full.append(a))(x, y, 0.5)
+    assert not triton_launcher.direct_start(lambda *a: started.append(a), False, lambda *a: full.append(a))(x, y, 0.5)
     assert full.pop() == (x, y, 0.5) and not started  # compiled for misaligned pointers: aligned ones go back
     hook = knobs.runtime.launch_enter_hook
     if not hasattr(hook, "add"):
@@ -332,7 +333,7 @@ def test_c_launch_layout_of_the_installed_triton():
     """The installed Triton's own CudaLauncher class (3.6: spread arguments; 3.7-3.9: a tuple)."""
     import triton
 
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import triton_launcher
 
     launcher_cls = pytest.importorskip("triton.backends.nvidia.driver").CudaLauncher
     run = object.__new__(launcher_cls)
@@ -341,9 +342,9 @@ def test_c_launch_layout_of_the_installed_triton():
     major, minor = (int(v) for v in triton.__version__.split(".")[:2])
     if (major, minor) == (3, 6):
         del run.arg_annotations, run.kernel_signature  # 3.6's launcher has neither
-        assert _common.c_launch_layout(run) == _common.C_LAUNCH_SPREAD
+        assert triton_launcher.c_launch_layout(run) == triton_launcher.C_LAUNCH_SPREAD
     elif (3, 7) <= (major, minor) <= (3, 9):
-        assert _common.c_launch_layout(run) == _common.C_LAUNCH_TUPLE
+        assert triton_launcher.c_launch_layout(run) == triton_launcher.C_LAUNCH_TUPLE
     else:
         pytest.skip(f"triton {triton.__version__}: layouts are checked for 3.6-3.9 only")
 
@@ -351,13 +352,13 @@ def test_c_launch_layout_of_the_installed_triton():
 @pytest.mark.gpu
 def test_warm_call_starts_the_kernel_through_the_c_launch_function():
     from tritonsoftmax import execute
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import triton_launcher
 
     x = random_input((8, 2048), torch.float32, DEVICE, seed=3)
     tritonsoftmax.softmax(x)
     start, _, prepared = execute._prepared[execute._signature(x, -1, None, "auto", False, False)]
     assert start == prepared.direct and start != prepared.__call__  # the warm call's one-frame start
-    assert prepared._warm.layout in (_common.C_LAUNCH_SPREAD, _common.C_LAUNCH_TUPLE)
+    assert prepared._warm.layout in (triton_launcher.C_LAUNCH_SPREAD, triton_launcher.C_LAUNCH_TUPLE)
     for seed in (4, 5):
         x2 = random_input((8, 2048), torch.float32, DEVICE, seed=seed)
         assert_softmax_close(tritonsoftmax.softmax(x2), x2)

@@ -13,7 +13,7 @@ from synthetic_devices import GFX942, SM75, SM89, SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import _common, coop, gluon_available
+from tritonsoftmax.kernels import coop, gluon_available, launches, sizing
 from tritonsoftmax.kernels.cluster import MBAR_BYTES, SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem, whole_vectors
 
@@ -74,11 +74,11 @@ def test_smem_search_space_offers_cluster_mode_where_a_row_makes_a_cluster():
     for family, N in ((smem().FAMILY, 65536), (smem().BWD_FAMILY, 131072)):
         space = family.configs(SM90, 4096, N)
         offered = [c for c in space if clustered(c)]
-        assert offered and all(2 <= _common.chunks(N, dict(c.meta)) <= 16 for c in offered)
+        assert offered and all(2 <= sizing.chunks(N, dict(c.meta)) <= 16 for c in offered)
         for c in offered:
             assert LaunchConfig.make(c.num_warps, **{k: v for k, v in c.meta if k != "CLUSTER"}) in space
         plain = [c for c in space if not clustered(c)]
-        assert len(offered) == sum(2 <= _common.chunks(N, dict(c.meta)) <= 16 for c in plain)
+        assert len(offered) == sum(2 <= sizing.chunks(N, dict(c.meta)) <= 16 for c in plain)
         assert not any(clustered(c) for c in family.configs(SM89, 4096, N))
 
 
@@ -110,7 +110,7 @@ def test_coop_launch_prepares_the_cluster_launch_and_a_fallback():
 def test_a_cluster_launch_needs_a_config():
     x = torch.empty(8, 131072)
     with pytest.raises(ValueError, match="needs a config"):
-        _common.PreparedLaunch(coop.FAMILY, matrix_problem(x, x), None, SM90, cluster=16, cluster_smem=128)
+        launches.PreparedLaunch(coop.FAMILY, matrix_problem(x, x), None, SM90, cluster=16, cluster_smem=128)
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's two launches")
@@ -324,7 +324,7 @@ def test_gpu_refused_cluster_launch_falls_back(monkeypatch):
     def refuse(self, *args):
         raise RuntimeError("cluster launch refused (test)")
 
-    monkeypatch.setattr(_common.PreparedLaunch, "_start_clusters", refuse)
+    monkeypatch.setattr(launches.PreparedLaunch, "_start_clusters", refuse)
     x = random_input((8, 131072), torch.float16, DEVICE, seed=13)
     launch, y = _run_forward(x, cluster_config(131072, 8192, 8, device_info(x.device)))
     assert launch.mode == "resident" and "refused" in launch.cluster_error

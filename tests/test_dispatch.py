@@ -8,7 +8,7 @@ from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, gluon_available
-from tritonsoftmax.kernels._common import chunks
+from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import whole_vectors
 
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)

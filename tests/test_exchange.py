@@ -63,7 +63,7 @@ WHOLE_CHUNKS = [["fwd", {"RESIDENT": 1, "FULL": 1}], ["fwd", {"RESIDENT": 1}]]
 
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942:64", "hip:gfx1100:32"])
 def test_whole_chunks_load_and_store_without_predicates(target):
-    """FULL (_common.whole_chunks): the held chunk's loads and stores (bf16) lose their predicates, and
+    """FULL (constexprs.whole_chunks): the held chunk's loads and stores (bf16) lose their predicates, and
     nothing else of the exchange changes; the same kernel without FULL keeps them (so the check can
     fail). On AMD compiled only, as everything there."""
     full, plain = run_compile_script("coop_compile.py", target, json.dumps(WHOLE_CHUNKS))

@@ -197,7 +197,7 @@ def test_coop_rejects_config_with_too_few_partial_slots():
 def test_resident_programs_estimate(regs, warps, shared, per_sm):
     from test_dispatch import SM90
 
-    from tritonsoftmax.kernels._common import resident_programs
+    from tritonsoftmax.kernels.sizing import resident_programs
 
     assert resident_programs(SM90, regs, warps, shared) == per_sm
 
@@ -252,7 +252,7 @@ def test_split_second_pass_is_a_dependent_launch_on_sm90_only():
     from test_dispatch import GFX942, SM90
 
     from tritonsoftmax.device import INTERPRETER
-    from tritonsoftmax.kernels._common import supports_pdl
+    from tritonsoftmax.kernels.sizing import supports_pdl
     from tritonsoftmax.layout import matrix_problem
 
     sm80 = dataclasses.replace(SM90, arch="sm_80")
@@ -330,7 +330,7 @@ def test_coop_chunk_of_all_neg_inf_does_not_poison_row(G):
     (torch.float32, 2048, "off16", 0),  # rows off 16 bytes (ALIGN > 1 from ALIGN_MIN_N on)
     (torch.float32, 128, "columns", 1)])  # strided columns
 def test_coop_whole_chunks_go_without_masks(dtype, N, layout, full, log):
-    """FULL (_common.whole_chunks): the forward's held chunks of 4-byte rows that BLOCK divides load and
+    """FULL (constexprs.whole_chunks): the forward's held chunks of 4-byte rows that BLOCK divides load and
     store without masks; it is set where the rule says and the result is right either way."""
     from tritonsoftmax.layout import matrix_problem
 
@@ -463,16 +463,16 @@ def test_fused_one_row_tiles_on_strided_rows(log):
 
 
 def test_row_tail_covers_rows_just_past_a_power_of_two_only():
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import constexprs
 
-    assert _common.row_tail(16392, 32768) == 8, "16384 + 8 elements held instead of 32768"
-    assert _common.row_tail(16384 + 512, 32768) == 512, "a tail of 1/64 of the block"
-    assert _common.row_tail(16384 + 513, 32768) == 0, "a tail past 1/64 of the block"
-    assert _common.row_tail(2049, 4096) == 1
-    assert _common.row_tail(1030, 2048) == 8
-    assert _common.row_tail(520, 1024) == 0, "blocks under TAIL_MIN_BLOCK"
-    assert _common.row_tail(16384, 32768) == 0, "the row fits the first half"
-    assert _common.row_tail(16392, 65536) == 0, "a block past next_pow2(N): the row fits its first half"
+    assert constexprs.row_tail(16392, 32768) == 8, "16384 + 8 elements held instead of 32768"
+    assert constexprs.row_tail(16384 + 512, 32768) == 512, "a tail of 1/64 of the block"
+    assert constexprs.row_tail(16384 + 513, 32768) == 0, "a tail past 1/64 of the block"
+    assert constexprs.row_tail(2049, 4096) == 1
+    assert constexprs.row_tail(1030, 2048) == 8
+    assert constexprs.row_tail(520, 1024) == 0, "blocks under TAIL_MIN_BLOCK"
+    assert constexprs.row_tail(16384, 32768) == 0, "the row fits the first half"
+    assert constexprs.row_tail(16392, 65536) == 0, "a block past next_pow2(N): the row fits its first half"
 
 
 TAIL_CASES = [(torch.float32, 2052, 4), (torch.float16, 2056, 8), (torch.bfloat16, 4104, 8),
@@ -533,16 +533,16 @@ def test_fused_tail_rows_match_reference(dtype, N, tail, log, padded, stages):
 
 
 def test_row_tail_of_a_realigned_row_counts_its_whole_groups():
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import constexprs
 
-    assert _common.row_tail(4100, 8192, 8) == 8, "16-bit 4100 off 16 bytes: groups in 4104 positions"
-    assert _common.row_tail(4100, 8192) == 4
-    assert _common.row_tail(16387, 32768, 4) == 4, "fp32: 16388 positions"
-    assert _common.row_tail(2049, 4096, 8) == 8, "at least one group"
-    assert _common.row_tail(4096 + 64, 8192, 8) == 64, "1/128 of the block"
-    assert _common.row_tail(4096 + 122, 8192, 8) == 128, "128 positions of whole groups: 1/64 of the block"
-    assert _common.row_tail(4096 + 129, 8192, 8) == 0, "past 1/64 of the block"
-    assert _common.row_tail(4096, 8192, 8) == 0, "the row fits the first half"
+    assert constexprs.row_tail(4100, 8192, 8) == 8, "16-bit 4100 off 16 bytes: groups in 4104 positions"
+    assert constexprs.row_tail(4100, 8192) == 4
+    assert constexprs.row_tail(16387, 32768, 4) == 4, "fp32: 16388 positions"
+    assert constexprs.row_tail(2049, 4096, 8) == 8, "at least one group"
+    assert constexprs.row_tail(4096 + 64, 8192, 8) == 64, "1/128 of the block"
+    assert constexprs.row_tail(4096 + 122, 8192, 8) == 128, "128 positions of whole groups: 1/64 of the block"
+    assert constexprs.row_tail(4096 + 129, 8192, 8) == 0, "past 1/64 of the block"
+    assert constexprs.row_tail(4096, 8192, 8) == 0, "the row fits the first half"
 
 
 # (dtype, N, row stride, TAIL, ALIGN): rows that start off 16 bytes, held as BLOCK_N // 2 + TAIL window positions.
@@ -793,7 +793,7 @@ def test_i32_configs_fall_back_to_64_bit_offsets_where_an_offset_would_not_fit()
     prunes only on a new key, so such problems get a negative M_BUCKET, and the pruning drops I32 configs there."""
     from synthetic_devices import SM90
 
-    from tritonsoftmax.kernels._common import pruned_for_key
+    from tritonsoftmax.kernels.kernel_family import pruned_for_key
     from tritonsoftmax.layout import RowProblem, RowStrides, offsets_fit_int32
 
     config = LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1)
@@ -835,9 +835,9 @@ def test_runtime_autotuner_prunes_i32_configs_for_keys_whose_offsets_could_wrap(
     for a positive one and go for a negative one, which PreparedLaunch passes where they could wrap."""
     from synthetic_devices import SM90
 
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import kernel_family
 
-    monkeypatch.setattr(_common, "interpreter_active", lambda: False)
+    monkeypatch.setattr(kernel_family, "interpreter_active", lambda: False)
     tuner = fused.FAMILY._make_autotuner(SM90)
     named = {"M": 16384, "N": 200, "M_BUCKET": 16384}
     space = set(fused.FAMILY.configs(SM90, 16384, 200))

@@ -79,7 +79,7 @@ def test_autotuner_keys_problems_that_could_wrap_32_bit_offsets_apart(monkeypatc
     config with and one without I32."""
     import dataclasses
 
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import launches
 
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
     pair = [LaunchConfig.make(1, BLOCK_N=256, ROWS=4, I32=1), LaunchConfig.make(1, BLOCK_N=256, ROWS=4)]
@@ -87,14 +87,14 @@ def test_autotuner_keys_problems_that_could_wrap_32_bit_offsets_apart(monkeypatc
                                  _autotuned={})
     small = random_input((16384, 256), torch.bfloat16, DEVICE)
     y = poisoned_like(small)
-    assert _common.launch_forward(family, small, y, None, 1.0, False, False) is None
+    assert launches.launch_forward(family, small, y, None, 1.0, False, False) is None
     assert_softmax_close(y, small)
     tuner = family.autotuned(device_info(small.device))
     assert len(tuner.cache) == 1
     M = (1 << 23) + 5  # 2^31 + 1280 elements (bf16: 4 GiB)
     x = torch.empty(M, 256, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
     y = torch.full_like(x, float("nan"))
-    _common.launch_forward(family, x, y, None, 1.0, False, False)
+    launches.launch_forward(family, x, y, None, 1.0, False, False)
     assert len(tuner.cache) == 2, "the large problem must not share the small one's key"
     (big_key,) = [k for k in tuner.cache if any(isinstance(v, int) and v < 0 for v in k)]
     assert not tuner.cache[big_key].kwargs.get("I32"), tuner.cache[big_key]
@@ -174,7 +174,7 @@ def test_coop_on_two_streams_at_once():
 
 
 def test_compiles_say_their_fp_fusion():
-    """Every launch passes enable_fp_fusion explicitly (_common.COMPILE_OPTIONS), so triton 3.9's
+    """Every launch passes enable_fp_fusion explicitly (triton_launcher.COMPILE_OPTIONS), so triton 3.9's
     warning about its changing default never reaches a user (a fresh process: Triton warns once).
     On triton < 3.9 there is no such warning and this only checks that the option is accepted."""
     import os
@@ -227,10 +227,10 @@ def test_split_dependent_launch_never_reads_stale_partials(M, N, config, tiles):
 def test_coop_refused_cooperative_launch_falls_back_to_tickets(monkeypatch):
     """Should the occupancy estimate be high (another GPU, another driver), the driver refuses the
     cooperative launch, nothing runs, and the ticketed launch takes over with the right result."""
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import sizing
     from tritonsoftmax.layout import matrix_problem
 
-    monkeypatch.setattr(_common, "resident_programs", lambda *args: 10**6)
+    monkeypatch.setattr(sizing, "resident_programs", lambda *args: 10**6)
     x = random_input((4096, 65536), torch.float32, DEVICE, seed=3)
     y = poisoned_like(x)
     launch = coop.FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device), flags={"LOG": 0, "ZERO_MASKED": 0})

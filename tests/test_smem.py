@@ -27,8 +27,8 @@ import tritonsoftmax
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import _common, coop, gluon_available
-from tritonsoftmax.kernels._common import chunks
+from tritonsoftmax.kernels import coop, gluon_available, sizing
+from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import matrix_problem, whole_vectors
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
@@ -447,8 +447,8 @@ def test_register_cap_leaves_the_programs_that_shared_memory_allows(tiles, block
     capped = smem().register_capped(four, itemsize, held, SM90)
     assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": cap}
     assert capped.launch_kwargs()["maxnreg"] == cap
-    programs = _common.resident_programs(SM90, cap, 4, tiles * block * itemsize * held)
-    assert programs == _common.resident_programs(SM90, 1, 4, tiles * block * itemsize * held) or cap == 64
+    programs = sizing.resident_programs(SM90, cap, 4, tiles * block * itemsize * held)
+    assert programs == sizing.resident_programs(SM90, 1, 4, tiles * block * itemsize * held) or cap == 64
     assert smem().register_capped(capped, itemsize, held, SM90) == capped
 
 

@@ -203,16 +203,16 @@ def test_two_processes_writing_at_once_leave_a_valid_file_with_both(user_table):
 
 
 def test_hit_path_launches_stored_config_without_autotuner(user_table, monkeypatch):
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import kernel_family, launches
 
     info = device_info(torch.device(DEVICE))
     stored = LaunchConfig.make(2, BLOCK_N=1024, ROWS=2)
     tuning.record(user_table, info, [("fused", torch.float32, 1000, 64, stored, 0.01)])
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
-    monkeypatch.setattr(_common.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
+    monkeypatch.setattr(kernel_family.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
     seen = []
-    real = _common.PreparedLaunch.__call__
-    monkeypatch.setattr(_common.PreparedLaunch, "__call__", lambda self, x, y, *e: seen.append(real(self, x, y, *e)))
+    real = launches.PreparedLaunch.__call__
+    monkeypatch.setattr(launches.PreparedLaunch, "__call__", lambda self, x, y, *e: seen.append(real(self, x, y, *e)))
     x = random_input((64, 1000), torch.float32, DEVICE)
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     assert seen == [stored]
@@ -433,11 +433,11 @@ def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypa
 
 @pytest.mark.gpu
 def test_committed_table_first_call_for_a_new_shape_does_no_benchmarking(monkeypatch):
-    from tritonsoftmax.kernels import _common
+    from tritonsoftmax.kernels import kernel_family
 
     monkeypatch.setattr(tuning, "shipped_dir", lambda: REPO / "tune_cache")
     monkeypatch.setenv("TRITONSOFTMAX_AUTOTUNE", "1")
-    monkeypatch.setattr(_common.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
+    monkeypatch.setattr(kernel_family.Family, "autotuned", lambda *a: pytest.fail("the autotuner was asked"))
     tritonsoftmax.clear_caches()
     for M, N, dtype in [(4096, 3000, torch.float32), (1000, 700, torch.bfloat16), (4096, 70000, torch.float16)]:
         x = random_input((M, N), dtype, DEVICE, seed=N)
@@ -490,10 +490,10 @@ def test_tuner_times_each_config_as_the_dispatcher_will_run_it(tmp_path, monkeyp
     dispatched_form: what a launch from a stored entry runs (smem cuts a bucket's config to the row, so a length
     below the bucket's top must be timed cut, as it will run)."""
     from tritonsoftmax import tune
-    from tritonsoftmax.kernels import _common, fused
+    from tritonsoftmax.kernels import fused, kernel_family
 
     formed, prepared = [], []
-    real_prepare = _common.Family.prepare
+    real_prepare = kernel_family.Family.prepare
 
     def dispatched_form(self, problem, config, device):
         formed.append(config)
@@ -505,8 +505,8 @@ def test_tuner_times_each_config_as_the_dispatcher_will_run_it(tmp_path, monkeyp
                                      {k: v for k, v in config.options if k != "marked"}, **dict(config.meta))
         return real_prepare(self, problem, unmarked, device, from_store, flags)  # a GPU launch rejects "marked"
 
-    monkeypatch.setattr(_common.Family, "dispatched_form", dispatched_form)
-    monkeypatch.setattr(_common.Family, "prepare", prepare)
+    monkeypatch.setattr(kernel_family.Family, "dispatched_form", dispatched_form)
+    monkeypatch.setattr(kernel_family.Family, "prepare", prepare)
     if DEVICE == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert tune.main(["--families", "fused", "--dtypes", "float32", "--n", "300", "--m", "4", "--rep-ms", "5",

@@ -17,8 +17,9 @@ from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2, save_tuning_enabled
 from .device import DeviceInfo, device_info
 from .kernels import ALL_FAMILY_NAMES, SMEM_MIN_SM, backward_family, coop, family, gluon_available
-from .kernels._common import chunks, heuristic_warps, row_tail
+from .kernels.constexprs import row_tail
 from .kernels.coop import COOP_CHUNK
+from .kernels.sizing import chunks, heuristic_warps
 from .layout import ALIGN_BYTES, whole_vectors
 
 IMPLS = ("auto",) + ALL_FAMILY_NAMES
@@ -48,7 +49,7 @@ COOP_RESIDENT_PER_SM = 5
 # online's second read, marked evict_last by its first, mostly comes from L2, and coop's 16-bit
 # chunks keep too few bytes in flight while they wait.
 ONLINE_16BIT_MAX_N = 65536
-# Rows that start off a 16-byte boundary run each family's realigned path (kernels/_common.row_window).
+# Rows that start off a 16-byte boundary run each family's realigned path (kernels/row_ops.row_window).
 # The realigned fused kernel keeps its aligned speed up to 16K, but in the 32K bucket 16-bit rows run
 # faster through realigned online (fp32 stays fused). Rows just past 16K that fused holds as half a block
 # plus a tail (fused_held) stay fused, and dense rows (input and output contiguous, one element size) go
@@ -180,7 +181,7 @@ def few_rows(s: Shape) -> bool:
 
 def fused_held(s: Shape) -> int:
     """The elements a one-row fused tile holds for these rows (less its small tail): half the block when
-    the kernel holds the row as half a block plus a tail (kernels/_common.row_tail; rows off 16-byte
+    the kernel holds the row as half a block plus a tail (kernels/constexprs.row_tail; rows off 16-byte
     boundaries count their whole 16-byte groups, as the realigned path holds them), else the whole block."""
     block = next_power_of_2(s.N)
     align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize

@@ -41,7 +41,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # A run without --n tunes each bucket top of 8..ODD_BESIDE_MAX with an odd length of its bucket beside it (top - 3).
 # Odd rows start off 16 bytes, several short rows a program then load element by element, and that ranks configs
 # differently (two configs level at 4096x16 can differ by a quarter at 4096x13). Longer buckets keep the top alone:
-# their one-row configs realign odd rows (kernels/_common.row_align); give --n an odd length to tune one that way.
+# their one-row configs realign odd rows (kernels/constexprs.row_align); give --n an odd length to tune one that way.
 ODD_BESIDE_MAX = 512
 
 
@@ -132,12 +132,12 @@ class _Workload:
 
 def _timer(rep_ms: float, kind: str = "events"):
     from .device import interpreter_active
-    from .kernels._common import _interpreter_bench
+    from .kernels.kernel_family import interpreter_bench
 
     if kind == "kernel":
         return lambda fn: kernel_ms(fn, calls=20)
     if interpreter_active():
-        return lambda fn: _interpreter_bench(fn)
+        return lambda fn: interpreter_bench(fn)
     import triton
 
     return lambda fn: triton.testing.do_bench(fn, warmup=5, rep=rep_ms, return_mode="median")

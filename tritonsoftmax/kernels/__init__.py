@@ -23,7 +23,7 @@ _BACKWARD_MODULE = {"fused": "fused", "tile": "online", "online": "online", "spl
 
 
 def family(name: str):
-    """The forward :class:`~tritonsoftmax.kernels._common.Family` called ``name`` (imports its module once)."""
+    """The forward :class:`~tritonsoftmax.kernels.kernel_family.Family` called ``name`` (imports its module once)."""
     return _load(name, name, "FAMILY")
 
 

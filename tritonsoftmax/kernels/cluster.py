@@ -11,7 +11,7 @@ need, a round trip on every exchange.
 
 The slots and the mbarrier are the last ``cluster_smem_bytes(BLOCK_G)`` bytes of the program's dynamic
 shared memory, past what the compiled kernel uses: the launch asks for that much more
-(``_common.PreparedLaunch``'s cluster mode), and the PTX finds them from ``%dynamic_smem_size``, so no
+(``launches.PreparedLaunch``'s cluster mode), and the PTX finds them from ``%dynamic_smem_size``, so no
 offset is compiled in.
 
 The programs of a cluster must all have started, and initialised their mbarriers, before one writes
@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import combine_max_sum
+from .row_ops import combine_max_sum
 
 SLOT_BYTES = tl.constexpr(8)  # one (float32, float32) pair a program (the PTX below says 8 too)
 MBAR_BYTES = 8  # the program's mbarrier, past its slots

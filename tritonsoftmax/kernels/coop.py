@@ -43,12 +43,11 @@ from triton.runtime import driver
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo, interpreter_active
 from ..layout import RowProblem
-from . import _common
-from ._common import (
-    Family,
-    PreparedLaunch,
-    chunk_grid,
-    chunks,
+from . import launches, sizing
+from .cluster import cluster_arrive, cluster_max_sum, cluster_smem_bytes, cluster_sum
+from .kernel_family import Family
+from .launches import PreparedLaunch
+from .row_ops import (
     combine_max_sum,
     edge_lanes,
     edges_grad_sum,
@@ -69,7 +68,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
-from .cluster import cluster_arrive, cluster_max_sum, cluster_smem_bytes, cluster_sum
+from .sizing import chunk_grid, chunks
 from .stagger import row_wait, stagger_meta
 
 try:  # the backend a kernel is compiled for, asked at compile time (poll_words)
@@ -350,16 +349,16 @@ def _softmax_coop_fwd_kernel(
     exponentials rescaled rather than taken again); BLOCK_G: power of two >= G. PHASE: 0
     cooperative, 1 partials only, 2 combine and write only (the two-launch mode). HINTS: L2 eviction
     hints on the two reads when TILES > 1 (0 gives plain loads). ALIGN: as in the fused kernel;
-    chunks are cut from the realigned row's window (_common.row_window), chunk 0 also takes the
+    chunks are cut from the realigned row's window (row_ops.row_window), chunk 0 also takes the
     head group and chunk G - 1 the tail group. RESIDENT: 1 when the launch is a CUDA cooperative
     launch (every program resident at once): program ids replace tickets (take_ticket). PER_WORD:
     how programs leave the exchange (depart; BLOCK_G >= the program's threads when 1).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
     ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
-    BLOCK; set by PreparedLaunch from _common.whole_chunks): loads and stores without a mask.
+    BLOCK; set by PreparedLaunch from constexprs.whole_chunks): loads and stores without a mask.
     STAGGER, STAGGER_GROUPS: as in the smem forward (stagger.row_wait; CoopLaunch sets STAGGER in resident mode,
     with two groups: rows M/2 .. M - 1 wait STAGGER cycles before their loads).
     """
@@ -434,7 +433,7 @@ def _softmax_coop_bwd_kernel(
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; the rest as in the forward (ALIGN > 1: dy,
     y and dx in one layout).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     CLUSTER: 1 when the launch is a cluster launch of G programs a row (cluster_mode; PHASE 0): program
     ids for tickets, the exchange through the cluster's shared memory (cluster.py), ws_ptr and sync_ptr
     not touched; the launch gives cluster.cluster_smem_bytes(BLOCK_G) bytes of dynamic shared memory for it.
@@ -531,9 +530,9 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     for block in BLOCKS:
         if block > max(BLOCKS[0], next_power_of_2(N)):
             continue
-        for nw in _common.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
+        for nw in sizing.warp_choices(device, block, min_per_thread=4, max_per_thread=64):
             out += with_cluster_mode(shape_config(device, N, block, nw), N, device)
-    return _common.with_backend_options(device, out)
+    return sizing.with_backend_options(device, out)
 
 
 def with_cluster_mode(config: LaunchConfig, N: int, device: DeviceInfo) -> list[LaunchConfig]:
@@ -653,7 +652,7 @@ class CoopLaunch:
         self.programs = problem.M * g
         # What threads and the block limit alone allow (registers only lower it): beyond that the
         # cooperative variant is not even compiled (many rows, e.g. 4096 x G programs).
-        at_most = _common.resident_programs(device, 1, self.config.num_warps, 0) * device.sm_count
+        at_most = sizing.resident_programs(device, 1, self.config.num_warps, 0) * device.sm_count
         if not two_phase and device.backend == "cuda" and self.programs <= at_most:
             cooperative = run.with_options(**COOPERATIVE_LAUNCH)
             self._resident = PreparedLaunch(family, problem, cooperative, device,
@@ -703,7 +702,7 @@ class CoopLaunch:
         resident, self._resident = self._resident, None
         try:
             compiled = resident.compile(x, y, ws, sync, *extra)
-            per_sm = 0 if compiled is None else _common.resident_programs(
+            per_sm = 0 if compiled is None else sizing.resident_programs(
                 self.device, compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
             if self.programs <= per_sm * self.device.sm_count:
                 meta = stagger_meta(self.problem, self.programs, per_sm, self.device) if self.staggers else {}
@@ -746,4 +745,4 @@ FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic, staggers=True)
 BWD_FAMILY = CoopFamily(f"{IMPL}-bwd", _softmax_coop_bwd_kernel, _bwd_heuristic)
 
 
-launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)
+launch, launch_backward = launches.family_launchers(FAMILY, BWD_FAMILY)

@@ -8,11 +8,11 @@ import triton.language as tl
 
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
-from . import _common
-from ._common import (
+from . import constexprs, launches, sizing
+from .kernel_family import Family
+from .row_ops import (
     DROP,
     KEEP,
-    Family,
     exp,
     finish,
     grad_input,
@@ -48,7 +48,7 @@ SHORT_PIPELINED_BLOCKS = (256, 512)
 @triton.jit
 def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32: tl.constexpr):
     """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges); 64-bit, or 32-bit with
-    I32 (kept only where every offset the tile computes fits: PreparedLaunch and _common.pruned_for_key)."""
+    I32 (kept only where every offset the tile computes fits: PreparedLaunch and kernel_family.pruned_for_key)."""
     if I32:
         starts = (rows // INNER) * stride_outer + (rows % INNER) * stride_inner
     else:
@@ -165,20 +165,20 @@ def _softmax_fused_fwd_kernel(
     flight through shared memory while one is computed; STAGES == 1: one tile a program.
     Masked lanes are -inf, so they add exp(-inf - m) = 0 to a valid row's sum. ALIGN: 1, or the
     elements in 16 bytes when rows start off a 16-byte boundary (set by PreparedLaunch from
-    _common.row_align): a one-row tile (ROWS == 1) is then read and written as whole aligned
-    groups plus its two partial end groups (_common.row_window), so the loads stay 16 bytes wide;
+    constexprs.row_align): a one-row tile (ROWS == 1) is then read and written as whole aligned
+    groups plus its two partial end groups (row_ops.row_window), so the loads stay 16 bytes wide;
     several-row tiles keep the plain path. VEC: the most elements, up to 16 bytes, that divide N and every
-    row stride (_common.row_vec; 1 when Triton knows it already); N and the row strides are then
-    rewritten as multiples of VEC (_common.whole_vectors), so the compiler knows it and the loads, stores
+    row stride (constexprs.row_vec; 1 when Triton knows it already); N and the row strides are then
+    rewritten as multiples of VEC (row_ops.whole_vectors), so the compiler knows it and the loads, stores
     and masks are VEC elements wide for any such N (16 bytes for 200 fp32 elements or 136 bf16, 8 bytes
-    for 100 bf16). TAIL: 0, or a power of two with N <= BLOCK_N // 2 + TAIL (_common.row_tail): a one-row
+    for 100 bf16). TAIL: 0, or a power of two with N <= BLOCK_N // 2 + TAIL (constexprs.row_tail): a one-row
     tile on the plain path (ROWS == 1, ALIGN == 1) then holds the row as its first BLOCK_N // 2 elements
     plus a TAIL-element block, so a row just past a power of two (16392 fp32) takes registers for
     16384 + 8 elements, not 32768; a realigned one-row tile (ALIGN > 1) holds its whole groups in
     BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); several-row tiles ignore it.
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
     a value for a program of 1 warp; off where an offset could pass 2**31 - 1 (PreparedLaunch,
-    _common.pruned_for_key).
+    kernel_family.pruned_for_key).
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -297,23 +297,23 @@ def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
     rows_options = {1} | {tile // block_n for tile in TILES if tile > block_n}
     out = []
     for rows in sorted(r for r in rows_options if r == 1 or r <= next_power_of_2(M)):
-        for nw in _common.warp_choices(device, rows * block_n, max_per_thread=max_per_thread, max_warps=32):
+        for nw in sizing.warp_choices(device, rows * block_n, max_per_thread=max_per_thread, max_warps=32):
             out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=rows))
     # (tiles, fewest and most values a thread, extra meta): the small tiles, then the 32-bit-offset ones
     for tiles, least, most, extra in ((SMALL_TILES, 2, 8, {}), (I32_TILES, 32, 32, {"I32": 1})):
         for tile in (t for t in tiles if block_n < t and t // block_n <= next_power_of_2(M)):
-            for nw in _common.warp_choices(device, tile, min_per_thread=least, max_per_thread=most, max_warps=32):
+            for nw in sizing.warp_choices(device, tile, min_per_thread=least, max_per_thread=most, max_warps=32):
                 out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=tile // block_n, **extra))
     if pipelined and block_n >= PIPELINED_MIN_N and M > device.sm_count:
         # Persistent and pipelined: one program an SM, the next rows' loads in flight through shared
         # memory (STAGES - 1 rows of BLOCK_N; configs too big for shared memory fail to compile and are skipped).
-        for nw in _common.warp_choices(device, block_n, max_warps=32):
+        for nw in sizing.warp_choices(device, block_n, max_warps=32):
             if nw >= 16:
                 out.append(LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=1, STAGES=PIPELINED_STAGES, PER_SM=1))
     if pipelined and block_n in SHORT_PIPELINED_BLOCKS and M > device.sm_count:
         out += [LaunchConfig.make(nw, BLOCK_N=block_n, ROWS=4, STAGES=2, PER_SM=per_sm)
                 for nw, per_sm in SHORT_PIPELINED]
-    return _common.with_backend_options(device, out)
+    return sizing.with_backend_options(device, out)
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
@@ -322,7 +322,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     # Keep at least two programs per SM when the rows allow it.
     while rows > 1 and M // rows < 2 * device.sm_count:
         rows //= 2
-    return LaunchConfig.make(_common.heuristic_warps(device, rows * block_n, max_warps=32), BLOCK_N=block_n,
+    return LaunchConfig.make(sizing.heuristic_warps(device, rows * block_n, max_warps=32), BLOCK_N=block_n,
                              ROWS=rows)
 
 
@@ -355,7 +355,7 @@ def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     has no eviction hints (HINTS = 0) and would only repeat the plain configs."""
     block_n = next_power_of_2(N)
     out = _configs(device, M, N, pipelined=False, max_per_thread=64 if block_n >= 16384 else 32)
-    if block_n >= RELOAD_MIN_N and not _common.row_tail(N, block_n) and not device.is_hip:
+    if block_n >= RELOAD_MIN_N and not constexprs.row_tail(N, block_n) and not device.is_hip:
         out += [c.with_meta(RELOAD=1) for c in out if c["ROWS"] == 1]
     return out
 
@@ -374,7 +374,7 @@ def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None =
     """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
     ``config`` skips autotuning."""
     _check(x2d.shape[1], config)
-    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
+    return launches.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
 
 
 def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, config: LaunchConfig | None = None,
@@ -382,4 +382,4 @@ def launch_backward(dy2d: torch.Tensor, y2d: torch.Tensor, dx2d: torch.Tensor, c
     """dx of softmax (log_softmax with ``log``) over dim 1 into ``dx2d``, from the incoming gradient
     ``dy2d`` and the saved output ``y2d`` (dy2d and y2d share one layout)."""
     _check(y2d.shape[1], config)
-    return _common.launch_backward(BWD_FAMILY, dy2d, y2d, dx2d, config, scale, log)
+    return launches.launch_backward(BWD_FAMILY, dy2d, y2d, dx2d, config, scale, log)

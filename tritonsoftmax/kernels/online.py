@@ -5,9 +5,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import _common
-from ._common import (
-    Family,
+from . import launches
+from .kernel_family import Family
+from .row_ops import (
     edges_grad_sum,
     edges_grad_write,
     edges_max_sum,
@@ -45,11 +45,11 @@ def _softmax_online_fwd_kernel(
     x_ptr, y_ptr, scale, M, N, INNER, stride_*, LOG, ZERO_MASKED: as in the fused kernel.
     N_BUCKET, M_BUCKET: autotune keys only. BLOCK: tile width. HINTS: L2 eviction hints (pass 1
     evict_last, pass 2 evict_first; 0 gives plain loads, kept for measurement). ALIGN: as in the
-    fused kernel (rows off a 16-byte boundary walked as whole aligned groups, _common.row_window).
+    fused kernel (rows off a 16-byte boundary walked as whole aligned groups, row_ops.row_window).
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
-    (see _common.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
+    (see row_ops.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -81,7 +81,7 @@ def _softmax_online_bwd_kernel(
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
     dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
     in the forward (ALIGN > 1: dy, y and dx share one layout).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
@@ -102,4 +102,4 @@ FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)
 BWD_FAMILY = Family(f"{IMPL}-bwd", _softmax_online_bwd_kernel, _configs, _heuristic, _grid)
 
 
-launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)  # launch_backward: tile's too
+launch, launch_backward = launches.family_launchers(FAMILY, BWD_FAMILY)  # launch_backward: tile's too

@@ -38,19 +38,11 @@ import triton
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
 from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
-from . import SMEM_MIN_SM, _common, coop
-from ._common import (
-    SMEM_RESERVED_PER_PROGRAM,
-    chunks,
-    exp,
-    grad_input,
-    grad_term,
-    load_f32,
-    row_offsets,
-    store_out,
-)
+from . import SMEM_MIN_SM, coop, launches, sizing
 from .cluster import cluster_arrive
 from .coop import COOP_PROGRAMS_PER_SM, CoopFamily, CoopLaunch, finish_departure, row_max_sum, row_sum, take_ticket
+from .row_ops import exp, grad_input, grad_term, load_f32, row_offsets, store_out
+from .sizing import SMEM_RESERVED_PER_PROGRAM, chunks
 from .stagger import row_wait, stagger_meta
 
 try:
@@ -264,7 +256,7 @@ def _chunk_grad_sum(dyb, yb, first, offs, lo, hi, TILES: gl.constexpr, BLOCK: gl
 def _ticket_chunk(sync_ptr, M, N, TILES: gl.constexpr, BLOCK: gl.constexpr, PHASE: gl.constexpr,
                   RESIDENT: gl.constexpr, LEAD: gl.constexpr):
     """(G, ticket, row, chunk): the programs a row has (chunks of TILES x BLOCK covering LEAD + N
-    elements: _common.chunks), this program's ticket (coop.take_ticket), and the row and the chunk of
+    elements: sizing.chunks), this program's ticket (coop.take_ticket), and the row and the chunk of
     it that the ticket names."""
     G = (N + LEAD + TILES * BLOCK - 1) // (TILES * BLOCK)
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT)
@@ -305,7 +297,7 @@ def _softmax_smem_fwd_kernel(
     it exchange and write.
 
     The arithmetic is cut to what a 16-bit chunk can afford (at ~4 TB/s an SM handles ~4 bf16
-    elements a cycle, three passes each): exp(z - m) is _common.exp (flush-to-zero) of
+    elements a cycle, three passes each): exp(z - m) is row_ops.exp (flush-to-zero) of
     fma(x, scale, -m), and only a row's last chunk masks its lanes.
     """
     VEC: gl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
@@ -585,11 +577,11 @@ def odd_rows_fit(problem: RowProblem, *element_sizes: int) -> bool:
 
 
 def programs_per_sm(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo, n_regs: int = 1) -> int:
-    """The programs of ``config`` an SM holds at once (_common.resident_programs) by its ``held`` chunks of
+    """The programs of ``config`` an SM holds at once (sizing.resident_programs) by its ``held`` chunks of
     TILES x BLOCK elements of ``itemsize`` bytes in shared memory and ``n_regs`` registers a thread (1: shared
     memory, threads and the block limit alone)."""
     chunk_bytes = config["TILES"] * config["BLOCK"] * itemsize * held
-    return _common.resident_programs(device, n_regs, config.num_warps, chunk_bytes)
+    return sizing.resident_programs(device, n_regs, config.num_warps, chunk_bytes)
 
 
 def register_cap(config: LaunchConfig, itemsize: int, held: int, device: DeviceInfo) -> int:
@@ -776,4 +768,4 @@ BWD_FAMILY = SmemFamily(f"{IMPL}-bwd", _softmax_smem_bwd_kernel, _bwd_heuristic,
                         fallback=coop.BWD_FAMILY)
 
 # A layout the kernels cannot take runs coop's (SmemLaunch).
-launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)
+launch, launch_backward = launches.family_launchers(FAMILY, BWD_FAMILY)

@@ -16,14 +16,12 @@ import triton.language as tl
 from ..config import LaunchConfig, n_bucket, next_power_of_2
 from ..device import DeviceInfo
 from ..layout import RowProblem
-from . import _common
-from ._common import (
+from . import launches, sizing
+from .kernel_family import Family
+from .launches import PreparedLaunch
+from .row_ops import (
     DROP,
-    Family,
-    PreparedLaunch,
-    chunk_grid,
     chunk_of,
-    chunks,
     combine_partials,
     edges_grad_sum,
     edges_grad_write,
@@ -45,6 +43,7 @@ from ._common import (
     tiles_write,
     whole_vectors,
 )
+from .sizing import chunk_grid, chunks
 
 IMPL = "split"
 PROGRAMS_PER_SM = 8  # aim for this many programs per SM across all rows
@@ -67,13 +66,13 @@ def _softmax_split_stats_kernel(
 
     x_ptr, scale, strides: as in the fused kernel; y_ptr, LOG, ZERO_MASKED, BLOCK_G: unused here
     (one signature and config for both passes). ws_ptr: float32 workspace; ws[2p] = the chunk's
-    max m, ws[2p + 1] = sum exp(z - m) over the chunk (_common.online_update's invariant: an all -inf
+    max m, ws[2p + 1] = sum exp(z - m) over the chunk (row_ops.online_update's invariant: an all -inf
     chunk gives m = -inf, s = 0, never NaN). BLOCK: tile width; TILES: tiles per chunk. HINTS: L2
     eviction hints (this pass evict_last, pass 2 evict_first; 0 gives plain loads). ALIGN: as in
-    the fused kernel; chunks are cut from the realigned row's window (_common.row_window), chunk 0
+    the fused kernel; chunks are cut from the realigned row's window (row_ops.row_window), chunk 0
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -110,7 +109,7 @@ def _softmax_split_write_kernel(
     a one-tile chunk (TILES == 1) is loaded before the partials are read (and, with PDL, before
     waiting for pass 1). PDL: launched as a programmatic dependent launch; it waits for pass 1 (and
     its partials) before reading them.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -150,7 +149,7 @@ def _softmax_split_bwd_partial_kernel(
 
     dy_ptr/y_ptr share stride_g_*; dx_ptr (unused here) uses stride_d_*; the rest (ALIGN: dy, y and
     dx in one layout; PDL) as in pass 1 of the forward.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
@@ -179,7 +178,7 @@ def _softmax_split_bwd_write_kernel(
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
     one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2; VEC as in the
-    fused kernel (rows of whole VEC-element vectors, _common.row_vec)."""
+    fused kernel (rows of whole VEC-element vectors, constexprs.row_vec)."""
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     pid = tl.program_id(0)
@@ -221,15 +220,15 @@ def _configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
     for block in BLOCKS:
         if block > max(BLOCKS[0], next_power_of_2(N)):
             continue
-        for nw in _common.warp_choices(device, block):
+        for nw in sizing.warp_choices(device, block):
             out.append(_shape_config(device, M, N, block, nw))
-    return _common.with_backend_options(device, out)
+    return sizing.with_backend_options(device, out)
 
 
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     want = max(1, min(MAX_CHUNKS, PROGRAMS_PER_SM * device.sm_count // max(M, 1)))
     block = min(4096, max(BLOCKS[0], next_power_of_2(triton.cdiv(n_bucket(N), want))))
-    return _shape_config(device, M, N, block, _common.heuristic_warps(device, block))
+    return _shape_config(device, M, N, block, sizing.heuristic_warps(device, block))
 
 
 class SplitLaunch:
@@ -251,7 +250,7 @@ class SplitLaunch:
             raise ValueError(f"split config {self.config}: BLOCK_G must be >= the {chunks(problem.N, meta)} chunks "
                              f"of a {problem.N}-element row")
         flags = dict(flags or {})
-        self.pdl = bool(flags.pop("PDL", True)) and _common.supports_pdl(device)
+        self.pdl = bool(flags.pop("PDL", True)) and sizing.supports_pdl(device)
         second = self.config
         if self.pdl:  # pass 2 may start while pass 1 ends; it waits for pass 1 before reading partials
             second = self.config.with_options(launch_pdl=1)
@@ -291,4 +290,4 @@ BWD_FAMILY = SplitFamily(f"{IMPL}-bwd", (_pass("split-bwd-partial", _softmax_spl
                                          _pass("split-bwd-write", _softmax_split_bwd_write_kernel)), words=1)
 
 
-launch, launch_backward = _common.family_launchers(FAMILY, BWD_FAMILY)
+launch, launch_backward = launches.family_launchers(FAMILY, BWD_FAMILY)

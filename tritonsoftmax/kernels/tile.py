@@ -10,8 +10,9 @@ import triton.language as tl
 
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
-from . import _common
-from ._common import Family, exp, finish, load_scaled, row_offsets, whole_vectors
+from . import launches, sizing
+from .kernel_family import Family
+from .row_ops import exp, finish, load_scaled, row_offsets, whole_vectors
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -34,7 +35,7 @@ def _softmax_tile_fwd_kernel(
     Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
     keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
     (the first tiles are the ones pass 2 left in cache).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, _common.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -73,9 +74,9 @@ def configs_over(blocks: tuple[int, ...]) -> Callable[[DeviceInfo, int, int], li
                 continue
             # No num_stages variants: a bare `range` loop is never software-pipelined, whatever the
             # launch's num_stages (the same PTX for 1..3), so they would only double the tuning time.
-            for nw in _common.warp_choices(device, block):
+            for nw in sizing.warp_choices(device, block):
                 out.append(LaunchConfig.make(nw, BLOCK=block))
-        return _common.with_backend_options(device, out)
+        return sizing.with_backend_options(device, out)
     return configs
 
 
@@ -84,7 +85,7 @@ _configs = configs_over(BLOCKS)
 
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     block = min(4096, max(BLOCKS[0], next_power_of_2(N)))
-    return LaunchConfig.make(_common.heuristic_warps(device, block), BLOCK=block)
+    return LaunchConfig.make(sizing.heuristic_warps(device, block), BLOCK=block)
 
 
 def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
@@ -98,4 +99,4 @@ def launch(x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None =
            log: bool = False, zero_masked_rows: bool = False) -> LaunchConfig | None:
     """Softmax (log_softmax with ``log``) over dim 1 of ``x2d`` into ``out2d`` (same shape, any strides);
     ``config`` skips autotuning. (The tile family's backward is the online family's.)"""
-    return _common.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)
+    return launches.launch_forward(FAMILY, x2d, out2d, config, scale, log, zero_masked_rows)

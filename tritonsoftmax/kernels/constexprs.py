@@ -1,0 +1,104 @@
+"""The mode constexprs a launch derives from the problem's layout (ALIGN, VEC, TAIL, FULL), and the
+layout checks of the DENSE form and of the backward's (dy, y) pair. docs/architecture.md has the
+table of every kernel constexpr: what it means, who sets it, why."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..config import LaunchConfig, next_power_of_2
+from ..layout import ALIGN_BYTES, RowProblem
+
+# Shorter rows keep plain masked loads: several such rows share a program, and the realigned window's
+# extra index arithmetic costs more than the wide loads it wins on a short row.
+ALIGN_MIN_N = 2048
+
+
+def row_align(problem: RowProblem, *element_sizes: int) -> int:
+    """ALIGN for the kernels that take it: the elements in ALIGN_BYTES of the narrowest dtype when
+    rows can start off a 16-byte boundary (a row stride that is not a multiple of it), or the problem
+    is a single row that is not whole 16-byte groups (odd N: masked loads one element wide otherwise),
+    and the kernel can realign them (unit column stride, input and output in one layout, rows of at
+    least ALIGN_MIN_N); 1 otherwise (the plain path). The realigned path assumes 16-byte aligned base
+    pointers for speed only: with others it is still exact, just not vectorised."""
+    x = problem.x
+    if x != problem.y or x.col != 1 or problem.N < ALIGN_MIN_N:
+        return 1
+    group = ALIGN_BYTES // min(element_sizes)
+    if problem.rows_aligned(*element_sizes) and not (problem.M == 1 and problem.N % group):
+        return 1
+    return group
+
+
+def row_vec(problem: RowProblem, *element_sizes: int) -> int:
+    """VEC for the kernels that take it: the most elements, a power of two up to ALIGN_BYTES of the widest
+    dtype, that divide N and every row stride (unit-stride columns only), so that each row is whole
+    vectors of VEC elements, each on a boundary of its own width given aligned base pointers: 16-byte
+    loads where rows start on 16-byte boundaries (200 fp32 elements, 136 bf16), 8- or 4-byte loads where
+    they start on 8 or 4 (100 or 102 bf16) instead of one element a load. Triton specialises integer
+    arguments on divisibility by 16 only, so it cannot tell this itself. 1 where it knows already (N and
+    every row stride multiples of 16), which leaves those launches as they were."""
+    strides = (problem.x.outer, problem.x.inner, problem.y.outer, problem.y.inner)
+    if problem.x.col != 1 or problem.y.col != 1 or (problem.N % 16 == 0 and all(s % 16 == 0 for s in strides)):
+        return 1
+    vec = ALIGN_BYTES // max(element_sizes)
+    while vec > 1 and (problem.N % vec or any(s % vec for s in strides)):
+        vec //= 2
+    return vec
+
+
+# Held chunks (TILES 1) that are whole in every program of a row skip their masks (FULL): the load, the store and
+# the -inf select go plain, and x * scale - max fuses into one FFMA (about a fifth fewer instructions in coop's
+# fp32 program). 16-bit programs hold twice the values a thread and gain nothing measurable, so 4-byte inputs only.
+FULL_ELEMENT_BYTES = 4
+
+
+def whole_chunks(problem: RowProblem, config: LaunchConfig | None, align: int, element_size: int) -> int:
+    """FULL for the kernels that take it: 1 when the config holds one BLOCK-element chunk a program (TILES 1)
+    on the plain path (``align`` 1), every chunk is whole (N a multiple of BLOCK) and the input's elements
+    are FULL_ELEMENT_BYTES wide; else 0."""
+    if config is None:
+        return 0
+    meta = dict(config.meta)
+    return int(meta.get("TILES") == 1 and align == 1 and problem.N % meta["BLOCK"] == 0
+               and element_size == FULL_ELEMENT_BYTES)
+
+
+# Rows held as half a block plus a small tail (row_tail): a row just past a power of two would otherwise take
+# registers for twice its length, halving the programs an SM holds. Only small tails (at most 1/TAIL_MAX_SHARE of
+# the block) on blocks of TAIL_MIN_BLOCK or more: a large tail is a second block's worth of registers again.
+TAIL_MIN_BLOCK = 2048
+TAIL_MAX_SHARE = 64
+
+
+def row_tail(N: int, block_n: int, align: int = 1) -> int:
+    """TAIL for the kernels that take it (fused): the power of two that, after the first block_n // 2
+    elements, covers the rest of a row of N (N <= block_n // 2 + TAIL), when it is at most
+    block_n // TAIL_MAX_SHARE and block_n at least TAIL_MIN_BLOCK; else 0 (the row held as one block_n
+    block). 16392 elements in a 32768 block: 8 (16384 + 8 elements held). ``align`` > 1 (ALIGN: a realigned
+    row, row_align): the window positions of its whole groups, cdiv(N, align) * align, are what the half
+    and the tail hold, and the tail is at least one group (16-bit 4100 in an 8192 block, align 8: 8)."""
+    half = block_n // 2
+    held = triton.cdiv(N, align) * align
+    if block_n < TAIL_MIN_BLOCK or N <= half:
+        return 0
+    tail = max(next_power_of_2(held - half), align)
+    return tail if tail <= block_n // TAIL_MAX_SHARE else 0
+
+
+def check_dense(problem: RowProblem, config: LaunchConfig) -> None:
+    """A DENSE config addresses row r at r * BLOCK_N with no mask: refuse a problem that is not M
+    contiguous rows of exactly BLOCK_N (input and output alike), M a multiple of ROWS."""
+    rows = dict(config.meta).get("ROWS", 1)
+    if not (problem.rows_dense() and problem.N == config["BLOCK_N"] and problem.M % rows == 0):
+        raise ValueError(f"a DENSE config ({config}) needs contiguous rows of exactly BLOCK_N, M a multiple of "
+                         f"ROWS; got M={problem.M}, N={problem.N}, row strides {problem.x.outer}/{problem.y.outer}, "
+                         f"column strides {problem.x.col}/{problem.y.col}, inner {problem.inner}")
+
+
+def check_same_layout(dy: torch.Tensor, y: torch.Tensor) -> None:
+    """Backward kernels address dy and y with one set of strides."""
+    if dy.shape != y.shape or dy.stride() != y.stride():
+        raise ValueError(f"dy and y must have one shape and layout, got {tuple(dy.shape)}/{dy.stride()} "
+                         f"and {tuple(y.shape)}/{y.stride()}")
