@@ -19,7 +19,7 @@ def assert_fence_free_exchange(ptx: str) -> None:
 
 
 def assert_poll_ends_with_a_second_look(ptx: str) -> None:
-    """coop.row_words: after the poll loop's back edge, one more volatile 64-bit load (the lanes still at 0 look
+    """exchange.row_words: after the poll loop's back edge, one more volatile 64-bit load (the lanes still at 0 look
     again). Without it, a layout that holds a lane in two warps lets the loop end on one copy's count while the
     other copy keeps a 0 (triton 3.9 on the H200 lays out a small tensor so: wrong rows at few long rows without it)."""
     lines = ptx.splitlines()
@@ -33,7 +33,7 @@ def assert_poll_ends_with_a_second_look(ptx: str) -> None:
 
 
 def assert_departure_without_wait(ptx: str) -> None:
-    """PER_WORD's departure (coop.depart): a count a lane whose result no thread waits for before the
+    """PER_WORD's departure (exchange.depart): a count a lane whose result no thread waits for before the
     output stores. No barrier follows the count (Triton broadcasts a scalar atomic's result through
     shared memory behind one), and its result register is first read after a global store."""
     lines = ptx.splitlines()

@@ -2,6 +2,8 @@
 
 import torch
 
+from tritonsoftmax.kernels import exchange
+
 # Max abs error against the float64 reference, per output dtype (design notes).
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 8e-3, torch.float64: 1e-12}
 
@@ -76,7 +78,6 @@ def random_input(shape, dtype, device, scale: float = 3.0, seed: int = 0) -> tor
 def coop_scratch_ready(device: torch.device, M: int) -> bool:
     """What the next cooperative launch on ``device``'s current stream expects: the whole scratch
     buffer zeroed (every exchange word, the ticket counter and the first M row counters)."""
-    from tritonsoftmax.kernels import coop
 
-    ws, sync = coop.scratch(device, 0, M + 2)
+    ws, sync = exchange.scratch(device, 0, M + 2)
     return ws.count_nonzero().item() == 0 and sync.count_nonzero().item() == 0

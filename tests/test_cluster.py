@@ -1,4 +1,4 @@
-"""The cluster mode of coop and smem (kernels/cluster.py): a row's G programs as one CTA cluster exchanging
+"""The cluster mode of coop and smem (kernels/exchange.py): a row's G programs as one CTA cluster exchanging
 their partials through each other's shared memory. The CPU checks the choice, the set-up and the PTX; the
 GPU checks the results (a cluster launch cannot run under the interpreter)."""
 
@@ -13,8 +13,8 @@ from synthetic_devices import GFX942, SM75, SM89, SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import coop, gluon_available, launches, sizing
-from tritonsoftmax.kernels.cluster import MBAR_BYTES, SLOT_BYTES
+from tritonsoftmax.kernels import coop, exchange, gluon_available, launches, sizing, smem_launch
+from tritonsoftmax.kernels.exchange import MBAR_BYTES, SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem, whole_vectors
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
@@ -41,7 +41,7 @@ def smem_cluster_config(N: int, chunk: int, block: int = 2048, warps: int = 4, d
     """A smem config of ``chunk``-element chunks in ``block`` copy groups, in cluster mode, as a stored entry
     runs it for 16-bit rows (register_capped)."""
     config = coop.shape_config(device, N, block, warps, chunk // block).with_meta(CLUSTER=1)
-    return smem().register_capped(config, 2, 1, device)
+    return smem_launch.register_capped(config, 2, 1, device)
 
 
 # ---------------------------------------------------------------- the choice (CPU)
@@ -53,9 +53,9 @@ def smem_cluster_config(N: int, chunk: int, block: int = 2048, warps: int = 4, d
     (17, SM90, False, False), (32, SM90, False, False), (16, SM90, True, False),
     (16, SM89, False, False), (16, SM75, False, False), (16, GFX942, False, False)])
 def test_cluster_mode_needs_sm90_a_single_launch_and_a_cluster_size(G, device, two_phase, want):
-    assert coop.cluster_mode(LaunchConfig.make(8, BLOCK=8192, CLUSTER=1), G, device, two_phase) is want
-    assert coop.cluster_mode(LaunchConfig.make(8, BLOCK=8192), G, device, two_phase) is False
-    assert coop.cluster_mode(LaunchConfig.make(1, BLOCK=8192, CLUSTER=1), G, device, two_phase) is False  # one warp
+    assert exchange.cluster_mode(LaunchConfig.make(8, BLOCK=8192, CLUSTER=1), G, device, two_phase) is want
+    assert exchange.cluster_mode(LaunchConfig.make(8, BLOCK=8192), G, device, two_phase) is False
+    assert exchange.cluster_mode(LaunchConfig.make(1, BLOCK=8192, CLUSTER=1), G, device, two_phase) is False  # one warp
 
 
 def test_search_space_offers_cluster_mode_where_a_row_makes_a_cluster():
@@ -471,7 +471,7 @@ def test_smem_backward_heuristic_takes_cluster_mode_by_the_rule(dtype, M, N, dev
     x = torch.empty(M, N, dtype=dtype)
     launch = smem().BWD_FAMILY.prepare(matrix_problem(x, x), None, device, flags={"LOG": 0}, two_phase=False)
     assert clustered(launch.config) is want and (launch._cluster is not None) is want
-    assert smem().backward_cluster(matrix_problem(x, x), launch.config, device) is want
+    assert smem_launch.backward_cluster(matrix_problem(x, x), launch.config, device) is want
     forward = smem().FAMILY.prepare(matrix_problem(x, x), None, device, flags=FWD_FLAGS, two_phase=False)
     assert not clustered(forward.config)  # the forward is not ruled into cluster mode
 

@@ -14,7 +14,7 @@ from synthetic_devices import SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import backward_family, coop, family, gluon_available
+from tritonsoftmax.kernels import backward_family, coop, exchange, family, gluon_available
 from tritonsoftmax.layout import matrix_problem
 
 PER_WORD = {"PER_WORD": 1, "BLOCK_G": 256}  # BLOCK_G >= the 4 warps' threads, wave64 included (CoopLaunch)
@@ -97,13 +97,13 @@ def test_coop_polls_with_atomics_on_amd(target):
         assert "_atomic_" not in asm[json.dumps(case)]
 
 
-# --- how a launch departs (coop.per_word_departure) ---
+# --- how a launch departs (exchange.per_word_departure) ---
 
 
 def test_per_word_departure_for_many_rows_of_8_to_16_chunks():
-    assert [coop.per_word_departure(g, 4096, SM90) for g in (2, 4, 7, 8, 16, 17, 64)] == \
+    assert [exchange.per_word_departure(g, 4096, SM90) for g in (2, 4, 7, 8, 16, 17, 64)] == \
         [False, False, False, True, True, False, False]
-    assert coop.per_word_departure(16, 4 * 132, SM90) and not coop.per_word_departure(16, 4 * 132 - 1, SM90)
+    assert exchange.per_word_departure(16, 4 * 132, SM90) and not exchange.per_word_departure(16, 4 * 132 - 1, SM90)
 
 
 @pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")

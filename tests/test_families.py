@@ -9,7 +9,7 @@ from softmax_ref import assert_softmax_close, coop_scratch_ready, poisoned_like,
 import tritonsoftmax
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import FAMILY_NAMES, coop, family, fused, online, split, tile
+from tritonsoftmax.kernels import FAMILY_NAMES, coop, exchange, family, fused, online, split, tile
 
 LAUNCHERS = {"fused": fused.launch, "tile": tile.launch, "online": online.launch, "split": split.launch,
              "coop": coop.launch}
@@ -407,9 +407,9 @@ def test_coop_launches_leave_the_scratch_zeroed(two_phase):
 def test_clear_caches_releases_the_coop_buffers():
     x = random_input((2, 64), torch.float32, DEVICE)
     coop.launch(x, poisoned_like(x))
-    assert coop._scratch
+    assert exchange._scratch
     tritonsoftmax.clear_caches()
-    assert not coop._scratch
+    assert not exchange._scratch
 
 
 HINTED = [("online", LaunchConfig.make(2, BLOCK=32)), ("split", LaunchConfig.make(1, BLOCK=32, TILES=2, BLOCK_G=4)),

@@ -27,7 +27,7 @@ import tritonsoftmax
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import coop, gluon_available, sizing
+from tritonsoftmax.kernels import coop, gluon_available, sizing, smem_launch
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import matrix_problem, whole_vectors
 
@@ -41,7 +41,7 @@ def smem():
     return module
 
 
-PER_WORD = {"PER_WORD": 1, "BLOCK_G": 128}  # coop.depart's PER_WORD, BLOCK_G >= the 4 warps' threads (CoopLaunch)
+PER_WORD = {"PER_WORD": 1, "BLOCK_G": 128}  # exchange.depart's PER_WORD, BLOCK_G >= the 4 warps' threads (CoopLaunch)
 FLAG_CASES = ({}, {"LOG": 1, "ZERO_MASKED": 1}, {"PHASE": 1}, {"PHASE": 2}, {"RESIDENT": 1}, PER_WORD)
 CASES = [("fwd", dt, dt, flags) for dt in ("bf16", "fp16", "fp32") for flags in FLAG_CASES]
 CASES.append(("fwd", "bf16", "fp32", {}))
@@ -58,7 +58,7 @@ def compiled_sm90() -> dict:
 
     from compile_scripts import run_compile_script
 
-    configs = {"fwd": smem()._heuristic(SM90, 4096, 65536), "bwd": smem()._bwd_heuristic(SM90, 4096, 65536)}
+    configs = {"fwd": smem_launch.heuristic(SM90, 4096, 65536), "bwd": smem_launch.bwd_heuristic(SM90, 4096, 65536)}
     cases = [[k, dt, out, dict(configs[k].meta), configs[k].num_warps, flags] for k, dt, out, flags in CASES]
     results = run_compile_script("smem_compile.py", json.dumps(cases))
     found = {(k, dt, out, json.dumps(flags)): r for (k, dt, out, flags), r in zip(CASES, results, strict=True)}
@@ -133,10 +133,10 @@ def test_bf16_in_fp32_out_keeps_16_byte_stores(compiled_sm90):
 def test_every_config_fits_and_covers_its_bucket(which):
     mod = smem()
     fam = getattr(mod, which)
-    most = mod.max_chunk_elements(SM90, fam.held)
+    most = smem_launch.max_chunk_elements(SM90, fam.held)
     assert most == (32768 if fam.held == 1 else 16384), "128 KB: fp32 x, or fp32 dy and y"
     for M in (1, 8, 4096):
-        for N in (32769, 65536, 131072, 262144, 1048576, mod.max_row(SM90, fam.held)):
+        for N in (32769, 65536, 131072, 262144, 1048576, smem_launch.max_row(SM90, fam.held)):
             for config in fam.configs(SM90, M, N) + [fam.heuristic(SM90, M, N)]:
                 chunk = config["TILES"] * config["BLOCK"]
                 assert chunk <= most, (M, N, config)
@@ -150,7 +150,7 @@ def test_backward_heuristic_narrows_chunks_for_few_rows_and_for_fp32():
     shapes = [(4096, 65536), (32, 152064), (8, 131072), (1, 131072), (1, 2**21)]
     for dtype, want in ((torch.bfloat16, [16384, 16384, 4096, 4096, 16384]),
                         (torch.float32, [8192, 8192, 4096, 4096, 16384])):
-        got = [smem()._bwd_heuristic(SM90, M, N, dtype) for M, N in shapes]
+        got = [smem_launch.bwd_heuristic(SM90, M, N, dtype) for M, N in shapes]
         assert [c["TILES"] * c["BLOCK"] for c in got] == want, "a 2M row needs 16K chunks: one chunk an SM"
 
 
@@ -167,7 +167,7 @@ def test_a_backward_launch_sizes_its_chunks_by_the_dtype(dtype, chunk):
                                            (32776, 16384, 4), (65536, 16384, 4)])
 def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
     """One chunk a row (G = 1: the kernel then skips the exchange) up to the 32K bucket, 16K chunks beyond."""
-    c = smem()._heuristic(SM90, 4096, N)
+    c = smem_launch.heuristic(SM90, 4096, N)
     assert (c["TILES"] * c["BLOCK"], c.num_warps) == (chunk, warps)
     assert (c["BLOCK_G"] == 1) == (N <= 32768)
 
@@ -177,7 +177,7 @@ def test_forward_heuristic_makes_rows_of_up_to_32k_one_chunk(N, chunk, warps):
 def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
     """The bucket's config is the same in every dtype and row count (a launch cuts it to the row: balanced_config)."""
     for N in (40960, 50176, 65536, 2**20 + 4096):
-        c = smem()._heuristic(SM90, M, N, dtype)
+        c = smem_launch.heuristic(SM90, M, N, dtype)
         assert (c["TILES"] * c["BLOCK"], c.num_warps) == (16384, 4), N
 
 
@@ -186,8 +186,8 @@ def test_forward_heuristic_gives_every_dtype_16k_chunks_beyond_32k(M, dtype):
     (131080, 2, (10, 13, 1024)), (12008, 2, (1, 12, 1024)), (36864, 4, (3, 12, 1024))], ids=str)
 def test_balanced_config_cuts_a_row_into_even_chunks(N, itemsize, want):
     """G or G + 1 chunks of the fewest 1024-element copy groups, whichever allocates less."""
-    base = smem()._heuristic(SM90, 4096, N)
-    c = smem().balanced_config(base, N, itemsize, SM90)
+    base = smem_launch.heuristic(SM90, 4096, N)
+    c = smem_launch.balanced_config(base, N, itemsize, SM90)
     assert (chunks(N, dict(c.meta)), c["TILES"], c["BLOCK"]) == want
     assert c.num_warps == base.num_warps and c["BLOCK_G"] >= chunks(N, dict(c.meta))
 
@@ -195,28 +195,27 @@ def test_balanced_config_cuts_a_row_into_even_chunks(N, itemsize, want):
 @pytest.mark.parametrize("N", [65536, 262144, 32768, 16384, 2**20])
 def test_balanced_config_keeps_a_config_whose_chunks_fill_the_row(N):
     for itemsize in (2, 4):
-        base = smem()._heuristic(SM90, 4096, N)
-        assert smem().balanced_config(base, N, itemsize, SM90) == base
+        base = smem_launch.heuristic(SM90, 4096, N)
+        assert smem_launch.balanced_config(base, N, itemsize, SM90) == base
 
 
 def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
     """Over many row lengths and both directions' configs: the row covered, the chunk no longer than the
     config's, less shared memory a row or the config itself, BLOCK_G enough, G within the SM count, and copy
     groups the warps can fill with 16-byte vectors (16-bit 8 warps: 2048)."""
-    mod = smem()
     for N in list(range(8200, 300000, 4104)) + [32776, 98312, 131080, 1048584]:
         for itemsize in (2, 4):
             dtype = torch.float32 if itemsize == 4 else torch.bfloat16
-            for base in (mod._heuristic(SM90, 4096, N, dtype), mod._bwd_heuristic(SM90, 4096, N, dtype),
-                         mod._bwd_heuristic(SM90, 8, N, dtype)):
-                c = mod.balanced_config(base, N, itemsize, SM90)
+            for base in (smem_launch.heuristic(SM90, 4096, N, dtype), smem_launch.bwd_heuristic(SM90, 4096, N, dtype),
+                         smem_launch.bwd_heuristic(SM90, 8, N, dtype)):
+                c = smem_launch.balanced_config(base, N, itemsize, SM90)
                 g, g_base = chunks(N, dict(c.meta)), chunks(N, dict(base.meta))
                 chunk, base_chunk = c["TILES"] * c["BLOCK"], base["TILES"] * base["BLOCK"]
                 assert chunk <= base_chunk and g * chunk <= g_base * base_chunk, (N, base, c)
                 assert g in (g_base, g_base + 1) and g <= SM90.sm_count and c["BLOCK_G"] >= g, (N, base, c)
                 assert c["BLOCK"] >= c.num_warps * 32 * 16 // itemsize, (N, c)
                 assert (c == base) == (g * chunk == g_base * base_chunk), (N, base, c)
-                led = mod.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
+                led = smem_launch.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
                 g_led, led_chunk = chunks(N, dict(led.meta)), led["TILES"] * led["BLOCK"]
                 if "LEAD" in dict(led.meta):  # chunks() counts LEAD + N
                     assert g_led * led_chunk <= g * chunk and led_chunk <= base_chunk, (N, base, led)
@@ -224,7 +223,7 @@ def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
                 else:
                     assert led == c, (N, base, led)
     wide = LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=1)
-    assert dict(mod.balanced_config(wide, 20008, 2, SM90).meta) == {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}
+    assert dict(smem_launch.balanced_config(wide, 20008, 2, SM90).meta) == {"BLOCK": 2048, "TILES": 10, "BLOCK_G": 1}
 
 
 @pytest.mark.parametrize("N,itemsize,want", [
@@ -233,39 +232,37 @@ def test_balanced_config_never_allocates_more_and_stays_within_the_limits():
 def test_balanced_config_starts_chunks_on_lines_when_that_allocates_no_more(N, itemsize, want):
     """Rows off 128-byte lines (line_lead) get LEAD when lead + N cut evenly allocates no more than N
     (50264: 5 chunks of 10K either way); 65528 and 32760 would need another chunk, so they keep none."""
-    mod = smem()
-    base = mod._heuristic(SM90, 4096, N)
-    c = mod.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
+    base = smem_launch.heuristic(SM90, 4096, N)
+    c = smem_launch.balanced_config(base, N, itemsize, SM90, lead=112 // itemsize)
     assert (chunks(N, dict(c.meta)), c["TILES"], dict(c.meta).get("LEAD")) == want
     assert chunks(N, dict(c.meta)) * c["TILES"] * c["BLOCK"] >= N + dict(c.meta).get("LEAD", 0)
 
 
 def test_line_lead_is_set_for_rows_off_128_byte_lines_only():
-    mod = smem()
     for dtype, N, lead in ((torch.bfloat16, 50264, 56), (torch.float32, 50180, 28), (torch.bfloat16, 50176, 0),
                            (torch.float32, 50176, 0), (torch.float16, 12000, 56)):
         x = torch.empty(8, N, dtype=dtype, device="meta")
-        assert mod.line_lead(matrix_problem(x, x)) == lead, (dtype, N)
+        assert smem_launch.line_lead(matrix_problem(x, x)) == lead, (dtype, N)
     padded = torch.empty(8, 50304, dtype=torch.bfloat16, device="meta")[:, :50264]
-    assert mod.line_lead(matrix_problem(padded, padded)) == 0, "rows padded to whole lines"
+    assert smem_launch.line_lead(matrix_problem(padded, padded)) == 0, "rows padded to whole lines"
 
 
 def test_odd_rows_take_the_odd_lead_where_input_and_output_share_a_layout():
     """Rows off 16-byte boundaries or not whole vectors: odd_lead (LINE_BYTES less one element: not a multiple of
     the vector, which is how the kernels tell the form) when x and y sit alike; else 0 (SmemLaunch then runs coop)."""
-    mod = smem()
     for dtype, N, lead in ((torch.bfloat16, 50257, 63), (torch.float16, 12345, 63), (torch.float32, 100003, 31),
                            (torch.bfloat16, 65540, 63)):
         x = torch.empty(8, N, dtype=dtype, device="meta")
-        assert mod.line_lead(matrix_problem(x, x)) == lead == mod.odd_lead(dtype.itemsize), (dtype, N)
+        assert smem_launch.line_lead(matrix_problem(x, x)) == lead == smem_launch.odd_lead(dtype.itemsize), (dtype, N)
         assert lead % (16 // dtype.itemsize), "not a multiple of the 16-byte vector"
     odd = torch.empty(8, 50258, dtype=torch.bfloat16, device="meta")[:, :50257]
-    assert mod.line_lead(matrix_problem(odd, odd)) == 63, "padded odd rows, one layout"
-    assert mod.line_lead(matrix_problem(odd, torch.empty(8, 50257, dtype=torch.bfloat16, device="meta"))) == 0
+    assert smem_launch.line_lead(matrix_problem(odd, odd)) == 63, "padded odd rows, one layout"
+    assert smem_launch.line_lead(matrix_problem(odd, torch.empty(8, 50257, dtype=torch.bfloat16, device="meta"))) == 0
     cols = torch.empty(50257, 8, dtype=torch.bfloat16, device="meta").t()
-    assert mod.line_lead(matrix_problem(cols, cols)) == 0, "strided columns"
+    assert smem_launch.line_lead(matrix_problem(cols, cols)) == 0, "strided columns"
     x = torch.empty(8, 50257, dtype=torch.bfloat16, device="meta")
-    assert mod.odd_rows_fit(matrix_problem(x, x), 2, 2) and not mod.odd_rows_fit(matrix_problem(x, x), 2, 4)
+    assert smem_launch.odd_rows_fit(matrix_problem(x, x), 2, 2)
+    assert not smem_launch.odd_rows_fit(matrix_problem(x, x), 2, 4)
 
 
 def test_dense_odd_rows_go_to_smem_where_it_copies():
@@ -340,7 +337,7 @@ def test_balanced_configs_compile_to_16_byte_copies_and_stores():
              ("fwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4),
              ("fwd", "fp32", 32, {"BLOCK": 1024, "TILES": 13, "BLOCK_G": 4, "LEAD": 28}, 4),
              ("bwd", "bf16", 16, {"BLOCK": 1024, "TILES": 10, "BLOCK_G": 8, "LEAD": 56}, 4)]
-    caps = [smem().register_cap(LaunchConfig.make(nw, **meta), bits // 8, 2 if which == "bwd" else 1, SM90)
+    caps = [smem_launch.register_cap(LaunchConfig.make(nw, **meta), bits // 8, 2 if which == "bwd" else 1, SM90)
             for which, _, bits, meta, nw in cases]
     compile_cases = [[which, dt, dt, meta, nw, {}, {"maxnreg": cap} if nw == 4 else {}]
                      for (which, dt, _, meta, nw), cap in zip(cases, caps, strict=True)]
@@ -404,7 +401,7 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, wa
     assert rule.impl == "smem"
     shape = dispatch.Shape(M, N, dtype, SM90, False, True, True)
     entry = dispatch.stored(SM90, mod.FAMILY, dtype, N, M)
-    config = dispatch.ruled_config("smem", shape) or (entry.config if entry else mod._heuristic(SM90, M, N))
+    config = dispatch.ruled_config("smem", shape) or (entry.config if entry else smem_launch.heuristic(SM90, M, N))
     got = dict(mod.FAMILY.dispatched_form(problem, config, SM90).meta)
     assert (None if "STAGGER" not in got else (got["STAGGER"], got.get("STAGGER_GROUPS"))) == want, got
     assert "STAGGER" not in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
@@ -414,20 +411,19 @@ def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
     """staggered groups the rows of a cluster launch only (a resident one waits in halves), and leaves alone what it
     cannot count (no register cap: 8 warps), a single row (no late half), AMD, and launches whose early half reads in
     under stagger.MIN_CYCLES."""
-    mod = smem()
     capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
 
-    assert mod.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER"] == 1000
-    assert mod.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER"] == 1000
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
     resident = capped.with_meta(CLUSTER=0)
-    got = dict(mod.staggered(resident, meta_problem(32, 152064), SM90).meta)
+    got = dict(smem_launch.staggered(resident, meta_problem(32, 152064), SM90).meta)
     assert got == {**dict(resident.meta), "STAGGER": 5000}
-    assert mod.staggered(capped, meta_problem(32, 152064), GFX942) == capped
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), GFX942) == capped
     uncapped = LaunchConfig.make(8, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
-    assert mod.staggered(uncapped, meta_problem(32, 152064), SM90) == uncapped
-    assert mod.staggered(capped, meta_problem(1, 152064), SM90) == capped
+    assert smem_launch.staggered(uncapped, meta_problem(32, 152064), SM90) == uncapped
+    assert smem_launch.staggered(capped, meta_problem(1, 152064), SM90) == capped
     small = LaunchConfig.make(4, options={"maxnreg": 64}, BLOCK=1024, TILES=2, BLOCK_G=16, CLUSTER=1)
-    assert mod.staggered(small, meta_problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
+    assert smem_launch.staggered(small, meta_problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
 
 
 @pytest.mark.parametrize("tiles,block,itemsize,held,cap", [
@@ -444,19 +440,19 @@ def test_register_cap_leaves_the_programs_that_shared_memory_allows(tiles, block
     """A 4-warp config's maxnreg: the register file over the programs its chunks' shared memory lets onto an SM,
     at least 64 and more for larger chunks, which spill under 64 in cluster mode with LEAD."""
     four = LaunchConfig.make(4, BLOCK=block, TILES=tiles, BLOCK_G=16)
-    capped = smem().register_capped(four, itemsize, held, SM90)
+    capped = smem_launch.register_capped(four, itemsize, held, SM90)
     assert capped.meta == four.meta and dict(capped.options) == {"maxnreg": cap}
     assert capped.launch_kwargs()["maxnreg"] == cap
     programs = sizing.resident_programs(SM90, cap, 4, tiles * block * itemsize * held)
     assert programs == sizing.resident_programs(SM90, 1, 4, tiles * block * itemsize * held) or cap == 64
-    assert smem().register_capped(capped, itemsize, held, SM90) == capped
+    assert smem_launch.register_capped(capped, itemsize, held, SM90) == capped
 
 
 def test_register_cap_leaves_other_warp_counts_and_named_caps_alone():
     four = LaunchConfig.make(4, BLOCK=1024, TILES=13, BLOCK_G=16)
     for other in (LaunchConfig.make(8, BLOCK=2048, TILES=10, BLOCK_G=1), LaunchConfig.make(2, BLOCK=2048, TILES=4),
                   four.with_options(maxnreg=96)):
-        assert smem().register_capped(other, 2, 1, SM90) == other
+        assert smem_launch.register_capped(other, 2, 1, SM90) == other
 
 
 @pytest.mark.parametrize("meta,N,lead,want,ticketed_g", [
@@ -473,12 +469,11 @@ def test_a_cluster_config_of_up_to_8_chunks_takes_no_extra_chunk_under_8192_elem
     elements or more, or when G is past CLUSTER_CUT_MAX_G, and never
     past the largest cluster (16 chunks to 17 would leave cluster mode); the same config out of cluster mode takes
     G + 1 wherever that allocates less."""
-    mod = smem()
-    c = mod.balanced_config(LaunchConfig.make(4, CLUSTER=1, **meta), N, 2, SM90, lead)
+    c = smem_launch.balanced_config(LaunchConfig.make(4, CLUSTER=1, **meta), N, 2, SM90, lead)
     got = dict(c.meta)
     assert (chunks(N, got), c["TILES"], c["BLOCK"]) == want and got["CLUSTER"] == 1 and c["BLOCK_G"] >= want[0]
     assert want[0] * c["TILES"] * c["BLOCK"] >= N + got.get("LEAD", 0)
-    ticketed = mod.balanced_config(LaunchConfig.make(4, **meta), N, 2, SM90, lead)
+    ticketed = smem_launch.balanced_config(LaunchConfig.make(4, **meta), N, 2, SM90, lead)
     assert chunks(N, dict(ticketed.meta)) == ticketed_g, ticketed
 
 
@@ -489,25 +484,26 @@ def test_an_odd_lead_adds_no_chunk_on_a_tie_and_cuts_a_one_chunk_config_into_a_c
     entry: 3 x 11 x 1024 against 2 x 17 x 1024). A one-chunk config that the lead still cuts runs its chunks as a
     CTA cluster where the device has clusters, not on an sm_89; an aligned row of the same configs is left as it
     was."""
-    mod = smem()
     entry16k = LaunchConfig.make(4, BLOCK=2048, BLOCK_G=2, CLUSTER=1, TILES=4)
-    got = mod.balanced_config(entry16k, 16383, 2, SM90, mod.odd_lead(2))
+    got = smem_launch.balanced_config(entry16k, 16383, 2, SM90, smem_launch.odd_lead(2))
     assert (chunks(16383, dict(got.meta)), got["TILES"], got["BLOCK"], got["LEAD"]) == (2, 9, 1024, 63), got
     entry32k = LaunchConfig.make(4, BLOCK=2048, BLOCK_G=2, CLUSTER=1, TILES=8)
-    got = mod.balanced_config(entry32k, 32767, 2, SM90, mod.odd_lead(2))
+    got = smem_launch.balanced_config(entry32k, 32767, 2, SM90, smem_launch.odd_lead(2))
     assert (chunks(32767, dict(got.meta)), got["TILES"], got["BLOCK"]) == (3, 11, 1024), got
-    one = mod._heuristic(SM90, 4096, 32767)  # one 32K chunk, 8 warps: a 33K chunk would not fit
+    one = smem_launch.heuristic(SM90, 4096, 32767)  # one 32K chunk, 8 warps: a 33K chunk would not fit
     assert one["BLOCK_G"] == 1 and "CLUSTER" not in dict(one.meta)
-    got = mod.balanced_config(one, 32767, 2, SM90, mod.odd_lead(2))
+    got = smem_launch.balanced_config(one, 32767, 2, SM90, smem_launch.odd_lead(2))
     assert (chunks(32767, dict(got.meta)), got["TILES"], got["BLOCK"], got["CLUSTER"]) == (2, 9, 2048, 1), got
-    assert "CLUSTER" not in dict(mod.balanced_config(one, 32767, 2, SM89, mod.odd_lead(2)).meta), "no clusters"
-    small = mod._heuristic(SM90, 4096, 16383)  # one 16K chunk: the 16383 row's window fits one chunk of 17K
-    got = mod.balanced_config(small, 16383, 2, SM90, mod.odd_lead(2))
+    unclustered = smem_launch.balanced_config(one, 32767, 2, SM89, smem_launch.odd_lead(2))
+    assert "CLUSTER" not in dict(unclustered.meta), "no clusters"
+    small = smem_launch.heuristic(SM90, 4096, 16383)  # one 16K chunk: the 16383 row's window fits one chunk of 17K
+    got = smem_launch.balanced_config(small, 16383, 2, SM90, smem_launch.odd_lead(2))
     assert (chunks(16383, dict(got.meta)), got["TILES"], got["BLOCK"]) == (1, 17, 1024), got
-    back = mod.balanced_config(small, 16383, 2, SM90, mod.odd_lead(2), held=2)  # dy and y: 16K at most
-    assert chunks(16383, dict(back.meta)) == 2 and back["TILES"] * back["BLOCK"] <= mod.max_chunk_elements(SM90, 2)
-    assert mod.balanced_config(entry16k, 16384, 2, SM90) == entry16k
-    assert mod.balanced_config(one, 32768, 2, SM90) == one
+    back = smem_launch.balanced_config(small, 16383, 2, SM90, smem_launch.odd_lead(2), held=2)  # dy and y: 16K at most
+    assert chunks(16383, dict(back.meta)) == 2
+    assert back["TILES"] * back["BLOCK"] <= smem_launch.max_chunk_elements(SM90, 2)
+    assert smem_launch.balanced_config(entry16k, 16384, 2, SM90) == entry16k
+    assert smem_launch.balanced_config(one, 32768, 2, SM90) == one
 
 
 @pytest.mark.parametrize("meta,N,cap", [
@@ -523,13 +519,13 @@ def test_a_cluster_config_keeps_lead_under_the_cap_its_chunks_allow(meta, N, cap
     mod = smem()
     x = torch.empty(4096, N, dtype=torch.bfloat16, device="meta")
     problem = matrix_problem(x, x)
-    assert mod.line_lead(problem) == 56
+    assert smem_launch.line_lead(problem) == 56
     config = LaunchConfig.make(4, **meta)
     got = mod.FAMILY.dispatched_form(problem, config, SM90)
     assert got["LEAD"] == 56 and got.launch_kwargs()["maxnreg"] == cap, got
-    assert got == mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56), 2, 1, SM90), got
+    assert got == smem_launch.register_capped(smem_launch.balanced_config(config, N, 2, SM90, 56), 2, 1, SM90), got
     back = mod.BWD_FAMILY.dispatched_form(problem, config, SM90)
-    want = mod.register_capped(mod.balanced_config(config, N, 2, SM90, 56, held=2), 2, 2, SM90)
+    want = smem_launch.register_capped(smem_launch.balanced_config(config, N, 2, SM90, 56, held=2), 2, 2, SM90)
     assert back["LEAD"] == 56 and back == want
 
 
@@ -537,11 +533,11 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     """The heuristic's config and a stored one are cut to the row (dispatched_form); a config the caller names
     runs as given. The tuner names each config's dispatched_form, so it times what a stored entry will run."""
     x = torch.empty(4096, 50264, dtype=torch.bfloat16, device="meta")
-    base = smem()._heuristic(SM90, 4096, 50264)
+    base = smem_launch.heuristic(SM90, 4096, 50264)
     heuristic = smem().FAMILY.prepare(matrix_problem(x, x), None, SM90, flags=FLAGS, two_phase=False)
     stored = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, from_store=True, flags=FLAGS, two_phase=False)
     explicit = smem().FAMILY.prepare(matrix_problem(x, x), base, SM90, flags=FLAGS, two_phase=False)
-    want = smem().register_capped(smem().balanced_config(base, 50264, 2, SM90, lead=56), 2, 1, SM90)
+    want = smem_launch.register_capped(smem_launch.balanced_config(base, 50264, 2, SM90, lead=56), 2, 1, SM90)
     assert heuristic.config == stored.config == want and want.meta != base.meta and want["LEAD"] == 56
     assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base
@@ -609,7 +605,7 @@ def test_a_kernel_that_fails_on_its_first_call_hands_over_to_coop_with_one_warni
         warnings.simplefilter("error")
         launch(x, y2, 1.0)
     assert launch.fallbacks == 2 and torch.equal(y, y2)
-    explicit = smem().FAMILY.prepare(matrix_problem(x, x), smem()._heuristic(SM90, 2, 8192), SM90, flags=FLAGS)
+    explicit = smem().FAMILY.prepare(matrix_problem(x, x), smem_launch.heuristic(SM90, 2, 8192), SM90, flags=FLAGS)
     with pytest.raises(Exception):  # noqa: B017 - whatever the interpreter raises for a Gluon kernel
         explicit(x, poisoned_like(x), 1.0)
     assert explicit.fallbacks == 0
@@ -639,7 +635,7 @@ def test_rows_of_one_element_run_coop_without_starting_the_smem_kernel(dtype):
     x = random_input((7, 1), dtype, DEVICE, seed=9)
     dy = random_input((7, 1), dtype, DEVICE, seed=10)
     y_saved = torch.ones_like(x)
-    for config in (None, smem()._heuristic(device, 7, 1, dtype)):
+    for config in (None, smem_launch.heuristic(device, 7, 1, dtype)):
         launch = smem().FAMILY.prepare(matrix_problem(x, x), config, device, flags=FLAGS)
         back = smem().BWD_FAMILY.prepare(matrix_problem(dy, dy), None, device, flags={"LOG": 0})
         y, dx = poisoned_like(x), poisoned_like(dy)
@@ -851,7 +847,7 @@ def test_odd_rows_run_smem_and_write_nothing_outside_them(dtype, M, N, pad, log)
     flags = {"LOG": int(log), "ZERO_MASKED": 1}
     launch = smem().FAMILY.prepare(matrix_problem(x, y), None, info, flags=flags)
     launch(x, y, 1.0)
-    assert launch.config["LEAD"] == smem().odd_lead(x.element_size()) and launch.fallbacks == 0
+    assert launch.config["LEAD"] == smem_launch.odd_lead(x.element_size()) and launch.fallbacks == 0
     want = (torch.log_softmax if log else torch.softmax)(x.double(), -1)
     want[3] = 0.0
     err = (y.double() - want).abs() / (want.abs().clamp(min=1) if log else 1)
@@ -867,7 +863,7 @@ def test_odd_rows_run_smem_and_write_nothing_outside_them(dtype, M, N, pad, log)
     dx, dx_buffer = padded_rows(M, N, pad, None, dtype)
     back = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, info, flags={"LOG": int(log)})
     back(dy, dx, saved, 1.0)
-    assert back.config["LEAD"] == smem().odd_lead(dy.element_size()) and back.fallbacks == 0
+    assert back.config["LEAD"] == smem_launch.odd_lead(dy.element_size()) and back.fallbacks == 0
     for r in (4, 7, 8) if M > 8 else range(M):
         assert_grad_close(dx[r:r + 1], dy[r:r + 1], saved[r:r + 1], 1.0, log)
     assert_grad_close(dx, dy, saved, 1.0, log)
@@ -1099,7 +1095,7 @@ def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype)
     for _ in range(20):
         launch(dy, dx, y, 1.0)
     torch.cuda.synchronize()
-    if M == 4096:  # many rows; the 16-bit ones in cluster mode by dispatch's rule (smem.backward_cluster)
+    if M == 4096:  # many rows; the 16-bit ones in cluster mode by dispatch's rule (smem_launch.backward_cluster)
         assert launch.mode == ("ticketed" if dtype == torch.float32 else "cluster")
     else:
         assert launch.mode == "resident"

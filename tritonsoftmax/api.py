@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch, execute, ops
+from .kernels import exchange
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None, impl: str = "auto",
@@ -67,4 +68,4 @@ def clear_caches() -> None:
     dispatch.clear_cache()
     coop = sys.modules.get("tritonsoftmax.kernels.coop")
     if coop is not None:
-        coop.release_scratch()
+        exchange.release_scratch()

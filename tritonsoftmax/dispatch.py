@@ -16,7 +16,16 @@ import triton
 from . import tuning
 from .config import LaunchConfig, n_bucket, next_power_of_2, save_tuning_enabled
 from .device import DeviceInfo, device_info
-from .kernels import ALL_FAMILY_NAMES, SMEM_MIN_SM, backward_family, coop, family, gluon_available
+from .kernels import (
+    ALL_FAMILY_NAMES,
+    SMEM_MIN_SM,
+    backward_family,
+    coop,
+    exchange,
+    family,
+    gluon_available,
+    smem_launch,
+)
 from .kernels.constexprs import row_tail
 from .kernels.coop import COOP_CHUNK
 from .kernels.sizing import chunks, heuristic_warps
@@ -97,7 +106,7 @@ SMEM_FP32_CLUSTER_HELD_SHARE = 0.5
 SMEM_FP32_CLUSTER_HELD_SHARE_BWD = 0.58
 SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK = 10240
 # Many 16-bit rows longer than SMEM_ONE_CHUNK_MIN_N, up to the FWD/BWD maxima, go to smem with the whole
-# row one chunk (kernels/smem._heuristic): one program a row holds it in shared memory in its dtype (twice
+# row one chunk (kernels/smem_launch.heuristic): one program a row holds it in shared memory in its dtype (twice
 # the elements fused holds in fp32 registers) and, with nothing to exchange, skips the workspace and the
 # exchange. Fused stays ahead at 8K and in fp32. The forward of the 16K bucket wants
 # SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows an SM: with fewer, fused's programs hide latency better.
@@ -106,7 +115,7 @@ SMEM_ONE_CHUNK_16K_ROWS_PER_SM = 7
 SMEM_ONE_CHUNK_FWD_MAX_N = 32768
 # The 16-bit backward of the 32K bucket takes two 16K chunks of dy and y in a cluster (smem-bwd's
 # heuristic), ahead of fused-bwd's plain, RELOAD and DENSE configs; RELOAD keeps the 16K block
-# (RELOAD_OVER_SMEM_MAX_N). On GPUs without clusters (coop.has_clusters) the two chunks would exchange
+# (RELOAD_OVER_SMEM_MAX_N). On GPUs without clusters (exchange.has_clusters) the two chunks would exchange
 # through the workspace and trail fused: there the backward stops at SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED.
 SMEM_ONE_CHUNK_BWD_MAX_N = 32768
 SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED = 16384
@@ -142,7 +151,7 @@ RELOAD_ROW_CONFIGS = {  # element bytes -> {block: (rows a program, warps, fewes
 RELOAD_DENSE_ROW_CONFIGS = {2: {32768: (1, 32)}}  # element bytes -> {block: (rows a program, warps)}
 
 # 16-bit rows of this bucket that fused would hold with a tail run smem instead (smem_held_32k_rows):
-# smem cuts its chunks to the row and starts them on 128-byte lines (kernels/smem.balanced_config),
+# smem cuts its chunks to the row and starts them on 128-byte lines (kernels/smem_launch.balanced_config),
 # where fused's held half still takes 16K elements of registers. In the 16K bucket fused stays ahead.
 SMEM_HELD_BUCKET = 32768
 
@@ -254,28 +263,26 @@ def coop_rereads(s: Shape) -> bool:
 def smem_copies(s: Shape) -> bool:
     """The smem kernels can copy these rows: NVIDIA sm_80+, a triton with Gluon, and rows on 16-byte
     boundaries along unit-stride columns (``aligned``) with N a whole number of 16-byte vectors, or
-    (the kernels' odd-row form, kernels/smem.odd_rows_fit) ``dense`` rows of any length."""
+    (the kernels' odd-row form, kernels/smem_launch.odd_rows_fit) ``dense`` rows of any length."""
     return (s.device.sm_version >= SMEM_MIN_SM and ((s.aligned and whole_vectors(s.N, s.dtype.itemsize)) or s.dense)
             and gluon_available())
 
 
 def smem_takes(s: Shape) -> bool:
     """The smem family takes these long rows: longer than SMEM_MIN_N, ones it can copy (smem_copies),
-    and short enough for one chunk per SM (kernels/smem.max_row; the backward holds two tensors' chunks)."""
+    and short enough for one chunk per SM (kernels/smem_launch.max_row; the backward holds two tensors' chunks)."""
     if not (s.N > SMEM_MIN_N and smem_copies(s)):
         return False
-    from .kernels import smem
 
-    return n_bucket(s.N) <= smem.max_row(s.device, held=2 if s.backward else 1)
+    return n_bucket(s.N) <= smem_launch.max_row(s.device, held=2 if s.backward else 1)
 
 
 def smem_one_chunk_rows(s: Shape) -> bool:
     """Many 16-bit rows of the 16K bucket (backward, and forward from SMEM_ONE_CHUNK_16K_ROWS_PER_SM rows
     an SM) or the 32K bucket that smem can copy: one chunk a row, no exchange (SMEM_ONE_CHUNK_MIN_N), or two in a
     cluster (the 32K backward, SMEM_ONE_CHUNK_BWD_MAX_N; rows the odd-row lead pushes past a chunk)."""
-    from .kernels import smem
 
-    clusters = coop.has_clusters(s.device)
+    clusters = exchange.has_clusters(s.device)
     top = SMEM_ONE_CHUNK_FWD_MAX_N
     if s.backward:
         top = SMEM_ONE_CHUNK_BWD_MAX_N if clusters else SMEM_ONE_CHUNK_BWD_MAX_N_TICKETED
@@ -287,9 +294,9 @@ def smem_one_chunk_rows(s: Shape) -> bool:
         return False  # the backward of many rows that fill the 16K block: fused-bwd with RELOAD
     if not (s.dtype.itemsize <= 2 and not few_rows(s) and SMEM_ONE_CHUNK_MIN_N < s.N <= top and smem_copies(s)):
         return False
-    # A forward odd row whose window (smem.odd_lead elements more) runs past the bucket takes a chunk more than the
-    # bucket's config: cheap when its chunks exchange in a cluster, slower than fused when they exchange ticketed.
-    return s.aligned or s.backward or clusters or s.N + smem.odd_lead(s.dtype.itemsize) <= n_bucket(s.N)
+    # A forward odd row whose window (smem_launch.odd_lead elements more) runs past the bucket takes a chunk more than
+    # the bucket's config: cheap when its chunks exchange in a cluster, slower than fused when they exchange ticketed.
+    return s.aligned or s.backward or clusters or s.N + smem_launch.odd_lead(s.dtype.itemsize) <= n_bucket(s.N)
 
 
 def smem_held_32k_rows(s: Shape) -> bool:
@@ -315,7 +322,7 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK: coop runs those in more chunks than a cluster takes); many rows
     (backward only), chunks of SMEM_FP32_MANY_ROWS_BWD_CHUNK elements, or SMEM_FP32_CLUSTER_CHUNKS where that takes
     more. Chunks in whole SMEM_FP32_CLUSTER_BLOCK copy groups (fewer where those cover the row in fewer), in cluster
-    mode, for this N, where coop.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks
+    mode, for this N, where exchange.cluster_mode allows it on the device (NVIDIA sm_90+); the backward only with chunks
     of at most SMEM_FP32_CLUSTER_BWD_MAX_CHUNK elements, and of few rows only rows on 16-byte boundaries (odd rows in
     smem's odd-row form trail coop-bwd there). Else None."""
     few = few_rows(s)
@@ -328,14 +335,14 @@ def smem_fp32_cluster_config(s: Shape) -> LaunchConfig | None:
     tiles = triton.cdiv(triton.cdiv(s.N, g), SMEM_FP32_CLUSTER_BLOCK)
     if few and coop_holds_all(s):  # only rows whose coop chunks are more than a cluster takes, from a share of it
         share = SMEM_FP32_CLUSTER_HELD_SHARE_BWD if s.backward else SMEM_FP32_CLUSTER_HELD_SHARE
-        if not (n_bucket(s.N) > COOP_CHUNK * max(coop.CLUSTER_SIZES) and not coop_holds_all(s, share)
+        if not (n_bucket(s.N) > COOP_CHUNK * max(exchange.CLUSTER_SIZES) and not coop_holds_all(s, share)
                 and tiles * SMEM_FP32_CLUSTER_BLOCK <= SMEM_FP32_CLUSTER_HELD_SHARE_MAX_CHUNK):
             return None
     if s.backward and (tiles * SMEM_FP32_CLUSTER_BLOCK > SMEM_FP32_CLUSTER_BWD_MAX_CHUNK or (few and not s.aligned)):
         return None
     config = LaunchConfig.make(SMEM_FP32_CLUSTER_WARPS, BLOCK=SMEM_FP32_CLUSTER_BLOCK, TILES=tiles,
                                BLOCK_G=next_power_of_2(g), CLUSTER=1)
-    return config if coop.cluster_mode(config, chunks(s.N, dict(config.meta)), s.device, False) else None
+    return config if exchange.cluster_mode(config, chunks(s.N, dict(config.meta)), s.device, False) else None
 
 
 def ruled_config(name: str, s: Shape) -> LaunchConfig | None:
@@ -383,7 +390,7 @@ def realigned_16bit_32k_rows(s: Shape) -> bool:
     would trail online)."""
     return (not s.aligned and not s.backward and s.device.backend == "cuda" and s.dtype.itemsize == 2
             and not few_rows(s) and n_bucket(s.N) == OFF_ALIGN_ONLINE_BUCKET and held_row_config(s) is None
-            and not (smem_copies(s) and coop.has_clusters(s.device)))
+            and not (smem_copies(s) and exchange.has_clusters(s.device)))
 
 
 RULES: tuple[Rule, ...] = (

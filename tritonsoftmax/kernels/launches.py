@@ -1,5 +1,8 @@
-"""The one place a kernel is started: :class:`PreparedLaunch` (one family on one problem, warm
-calls straight to the compiled kernel) and the module-level launchers every family exposes."""
+"""The one place a kernel is started. :class:`Launch` is what every launch form is (one family on one
+problem, called again and again with new tensors); :class:`PreparedLaunch` starts one kernel, warm calls
+straight to the compiled kernel. The other forms build on it: split.SplitLaunch (two kernels, the second a
+dependent launch), coop_launch.CoopLaunch (cluster, resident, ticketed or two-phase) and
+coop_launch.SmemLaunch (smem's kernels on coop's launch). Also the launchers every family module exposes."""
 
 from __future__ import annotations
 
@@ -31,7 +34,24 @@ if TYPE_CHECKING:
     from .kernel_family import Family
 
 
-class PreparedLaunch:
+class Launch:
+    """One family on one problem, ready to run again and again: ``launch(x, y, *extra)`` runs it on new
+    tensors of the problem's layout and returns the config it ran (None where Triton's autotuner chose and
+    has not said yet). ``extra``: what the family's kernel takes after ``y`` (the saved output of a backward,
+    the scale). A form checks a config it is given when it is built (ValueError), and what it falls back to
+    when a config the dispatcher chose cannot run is its own: the autotuner (PreparedLaunch), a later mode
+    (CoopLaunch), coop's kernel (SmemLaunch)."""
+
+    family: Family
+    problem: RowProblem
+    config: LaunchConfig | None
+    device: DeviceInfo
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra: torch.Tensor | float) -> LaunchConfig | None:
+        raise NotImplementedError
+
+
+class PreparedLaunch(Launch):
     """One family on one RowProblem, ready to start again and again with new tensors.
 
     The first call goes through Triton's normal path (the autotuner when no config is known);
@@ -155,7 +175,7 @@ class PreparedLaunch:
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
         ``cluster`` consecutive programs, with ``cluster_smem`` bytes of dynamic shared memory past
-        what it uses (cluster.py's slots). Triton's own launch cannot: its num_ctas is also a
+        what it uses (exchange.py's slots). Triton's own launch cannot: its num_ctas is also a
         compile option, which splits every tensor over the cluster. Its launcher (triton 3.6-3.9)
         takes the cluster size from the packed metadata's num_ctas and starts grid[0] x num_ctas
         programs, so the grid is the family's divided by ``cluster``."""

@@ -18,7 +18,7 @@ from ..device import DeviceInfo
 from ..layout import RowProblem
 from . import launches, sizing
 from .kernel_family import Family
-from .launches import PreparedLaunch
+from .launches import Launch, PreparedLaunch
 from .row_ops import (
     DROP,
     chunk_of,
@@ -231,7 +231,7 @@ def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
     return _shape_config(device, M, N, block, sizing.heuristic_warps(device, block))
 
 
-class SplitLaunch:
+class SplitLaunch(Launch):
     """The two passes of the split family, ready to start again and again (see PreparedLaunch).
 
     Without a config (tuning-table miss) it uses the heuristic: Triton's autotuner times one

@@ -1,11 +1,10 @@
 """Late rows that wait: a launch whose programs all run at once, each reading its chunk, exchanging, then writing,
 shows DRAM all the reads, a gap, then all the writes. With a kernel's STAGGER (SM cycles), the programs of rows
 M/2 .. M - 1 wait that long before their loads, so that they read while the early rows exchange and write.
-``stagger_meta`` is the rule (shared by the smem forward, smem.staggered, and coop's forward in resident mode,
-coop.CoopLaunch), ``row_wait`` the wait (plain Triton, which the Gluon kernels call too). In cluster mode the smem
-forward's rows wait in more groups than two (STAGGER_GROUPS G: the first cdiv(M, G) rows at once, the next after one
-group's wait, ...). NVIDIA only (``%clock64`` and ``nanosleep`` are PTX); measurements in smem.staggered and
-coop.CoopLaunch."""
+``stagger_meta`` is the rule (shared by the smem forward, smem_launch.staggered, and coop's forward in resident
+mode, coop_launch.CoopLaunch), ``row_wait`` the wait (plain Triton, which the Gluon kernels call too). In cluster mode
+the smem forward's rows wait in more groups than two (STAGGER_GROUPS G: the first cdiv(M, G) rows at once, the
+next after one group's wait, ...). NVIDIA only (``%clock64`` and ``nanosleep`` are PTX)."""
 
 from __future__ import annotations
 
