@@ -521,3 +521,15 @@ def test_few_rows_off_16_bytes_keep_their_rules():
         for dtype in (torch.float32, torch.bfloat16):
             assert (dispatch.choose(M, 20001, dtype, SM90, aligned=False).impl
                     == dispatch.choose(M, 20001, dtype, SM90).impl)
+
+
+def test_sm90_dispatch_matches_the_golden_file():
+    """Every line of tests/data/dispatch_sm90.txt (family and config for a shape on the H200) is what the dispatcher
+    gives now. A change that moves a decision must regenerate the file (python tests/dispatch_golden.py --write) and
+    commit the diff on purpose."""
+    from dispatch_golden import GOLDEN, lines
+
+    want = GOLDEN.read_text().splitlines()
+    got = lines()
+    moved = [f"{w}  ->  {g.split(' ', 5)[5]}" for w, g in zip(want, got, strict=False) if w != g]
+    assert len(got) == len(want) and not moved, f"{len(moved)} decisions moved, e.g.:\n" + "\n".join(moved[:20])

@@ -477,28 +477,32 @@ def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int, within=N
     return tuning.lookup(device, fam.name, dtype, N, M, fewer, within)
 
 
+def resolve(impl: str, M: int, N: int, dtype: torch.dtype, info: DeviceInfo, backward: bool = False,
+            aligned: bool = True, dense: bool = False) -> Plan:
+    """The one decision from a shape to a launch: the family (``impl``, or for ``auto`` the first rule that holds)
+    and its config: a rule's (ruled_config), else the tuning table's entry, else None (the family's heuristic or
+    autotuner decides when it launches). ``aligned``: every row starts on a 16-byte boundary; ``dense``: input and
+    output are contiguous rows, back to back, of one element size. The backward runs the backward kernel of the
+    family the rules pick for it."""
+    name = choose(M, N, dtype, info, backward, aligned, dense).impl if impl == "auto" else impl
+    if name == "fused":
+        from .kernels.fused import check_row_length
+
+        check_row_length(N)
+    fam = backward_family(name) if backward else family(name)
+    ruled = ruled_config(name, Shape(M, N, dtype, info, backward, aligned, dense))
+    entry = None if ruled else stored(info, fam, dtype, N, M)
+    config = ruled or (entry.config if entry else None)
+    return Plan(name, fam, config, info, config is not None)
+
+
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
          device: torch.device, backward: bool = False, aligned: bool = True, dense: bool = False) -> Plan:
-    """The cached launch plan for one call shape (``impl`` already validated; ``aligned``: every
-    row starts on a 16-byte boundary; ``dense``: input and output are contiguous rows, back to back, of one
-    element size).
-    The backward runs the backward kernel of the family the rules pick for it."""
+    """:func:`resolve` for one call shape on ``device``, cached (``impl`` already validated)."""
     key = (impl, M, N, dtype, out_dtype, device, backward, aligned, dense)
     p = _plans.get(key)
     if p is None:
-        info = device_info(device)
-        name = choose(M, N, dtype, info, backward, aligned, dense).impl if impl == "auto" else impl
-        if name == "fused":
-            from .kernels.fused import check_row_length
-
-            check_row_length(N)
-        fam = backward_family(name) if backward else family(name)
-        shape = Shape(M, N, dtype, info, backward, aligned, dense)
-        ruled = ruled_config(name, shape)
-        entry = None if ruled else stored(info, fam, dtype, N, M)
-        config = ruled or (entry.config if entry else None)
-        p = Plan(name, fam, config, info, config is not None)
-        _plans[key] = p
+        p = _plans[key] = resolve(impl, M, N, dtype, device_info(device), backward, aligned, dense)
     return p
 
 
