@@ -7,10 +7,12 @@ from synthetic_devices import GFX942, SM89, SM90, meta_problem
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
-from tritonsoftmax.kernels import FAMILY_NAMES, family, fused, gluon_available
+from tritonsoftmax.kernels import ALL_FAMILY_NAMES, FAMILY_NAMES, family, fused, gluon_available
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import whole_vectors
+from tritonsoftmax.policy import policy_for
 
+SM90_RELOAD = policy_for(SM90).reload  # the H200's measured reload configs (tune_cache/cuda/sm_90.yaml)
 GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
 
@@ -24,24 +26,6 @@ def test_fused_capacity_follows_register_file():
     assert dispatch.fused_capacity(SM90) == 16384
     assert dispatch.fused_capacity(GFX942) == 32768
     assert dispatch.fused_capacity(GFX1201) == 16384
-
-
-@pytest.mark.parametrize("N,forward32,forward16,backward32,backward16", [
-    (1, "fused", "fused", "fused", "fused"), (2048, "fused", "fused", "fused", "fused"),
-    (8192, "fused", "fused", "fused", "fused"), (8200, "fused", "fused", "fused", "fused"),
-    (16384, "fused", "smem", "fused", "fused"), (16385, "fused", "fused", "fused", "fused"),
-    (16392, "fused", "smem", "fused", "smem"), (16904, "fused", "smem", "coop", "smem"),
-    (32768, "fused", "smem", "coop", "smem"), (32769, "coop", "online", "coop", "coop"),
-    (65536, "smem", "smem", "smem", "smem"), (65537, "coop", "coop", "coop", "coop"),
-    (262144, "smem", "smem", "coop", "smem"), (2**20, "smem", "smem", "smem", "smem"),
-    (2**20 + 1, "online", "online", "online", "online"), (132 * 8192, "smem", "smem", "smem", "smem"),
-    (2**21, "smem", "smem", "smem", "smem"), (2**21 + 8, "smem", "smem", "online", "online"),
-    (8388608, "online", "online", "online", "online")])
-def test_rule_table_on_h200(N, forward32, forward16, backward32, backward16):
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        wide = dtype == torch.float32
-        assert dispatch.choose(4096, N, dtype, SM90).impl == (forward32 if wide else forward16)
-        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == (backward32 if wide else backward16)
 
 
 def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
@@ -62,7 +46,7 @@ def test_fused_takes_many_rows_just_past_16k_held_with_a_small_tail():
 def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     """Many aligned rows just past a power of two (row_tail) run fused with one row a program and warps for
     32 values a thread of the held half, not the bucket's entry; 16-bit rows of 8200 leave smem's one-chunk
-    rule, and 16-bit rows of 16392 and 16896 run smem (smem_held_32k_rows)."""
+    rule, and 16-bit rows of 16392 and 16896 run smem (smem_held_rows)."""
 
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
@@ -112,7 +96,7 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
         dispatch.clear_cache()
 
 
-@pytest.mark.parametrize("itemsize", sorted(dispatch.RELOAD_ROW_CONFIGS))
+@pytest.mark.parametrize("itemsize", sorted(SM90_RELOAD["rows"]))
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
     """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more (16-bit 32K: at
     most 3 x 2^24) of aligned rows that fill at least 15/16 (16-bit 32K: 31/32) of their block, in the blocks of
@@ -124,11 +108,11 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype, dense=False):
         return dispatch.reload_row_config(dispatch.Shape(M, N, dt, device, backward, aligned, dense))
 
-    for block, (rows, warps, elements, most) in dispatch.RELOAD_ROW_CONFIGS[itemsize].items():
+    for block, (rows, warps, elements, most) in SM90_RELOAD["rows"][itemsize].items():
         want = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1).with_options(maxnreg=32)
         assert elements == {(2, 1024): 3 * 2**22, (2, 8192): 2**25, (2, 16384): 5 * 2**21}.get((itemsize, block), 2**24)
         assert most == {(2, 32768): 3 * 2**24}.get((itemsize, block)), block
-        shortest = dispatch.reload_shortest(itemsize, block)
+        shortest = dispatch.reload_shortest(SM90_RELOAD, itemsize, block)
         assert shortest == block - block // (32 if (itemsize, block) == (2, 32768) else 16), block
         fewest = -(-elements // shortest)
         many = most // block if most else 65536
@@ -141,14 +125,14 @@ def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(item
         assert reload(many, block, aligned=False) is None, "rows off 16 bytes: the realigned path ignores RELOAD"
         assert reload(many, block, device=GFX942) is None, "measured on the H200 only"
         assert reload(many, block, device=SM89) is None, "1536 threads an SM: one 32-warp program, three of 16"
-        smem_block = block > dispatch.RELOAD_OVER_SMEM_MAX_N  # the 16-bit 32K block: smem-bwd
+        smem_block = block > policy_for(SM90).smem_one_chunk["reload_over_smem_max_n"]  # the 16-bit 32K block: smem-bwd
         assert dispatch.choose(many, block, dtype, SM90, backward=True).impl == ("smem" if smem_block else "fused")
         if most:
             assert reload(most // shortest, shortest) == want, block
             assert reload(most // shortest + 1, shortest) is None, (block, "too many elements")
             assert reload(many + 1, block) is None, (block, "too many elements, rows not dense")
             assert reload(many, block, dense=True) == want, (block, "dense rows within the bound: the capped config")
-            rows, warps = dispatch.RELOAD_DENSE_ROW_CONFIGS[itemsize][block]
+            rows, warps = SM90_RELOAD["dense_rows"][itemsize][block]
             dense = LaunchConfig.make(warps, BLOCK_N=block, ROWS=rows, RELOAD=1, DENSE=1)
             assert reload(many + 1, block, dense=True) == dense, block
             assert reload(65536, block, dense=True) == dense, block
@@ -238,6 +222,8 @@ def test_few_16bit_rows_of_one_chunk_an_sm_go_to_coop_backward_only_with_a_tuned
         for M, N in [(32, 65536), (16, 131072), (8, 262144), (2, 1048576), (1, 2097152)]:
             assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == "smem", (dtype, M, N)
         assert dispatch.choose(8, 131072, dtype, GFX942, backward=True).impl not in ("coop", "smem")
+    h200 = policy_for(SM90)  # the measured policy stays; only the table's entries go
+    monkeypatch.setattr(dispatch, "policy_for", lambda device: h200)
     monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(dispatch.tuning, "shipped_dir", lambda: None)
     dispatch.clear_cache()
@@ -264,7 +250,7 @@ def test_fp32_backward_of_rows_from_512k_goes_to_smem_unless_coop_holds_all_and_
     1048576-element row it would hold only in 8192-element chunks of dy and y, and re-reads."""
     shape = dispatch.Shape(M, N, torch.float32, SM90, backward=True)
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == impl
-    if impl == "coop" and N >= dispatch.SMEM_FP32_MIN_N and dispatch.smem_takes(shape):
+    if impl == "coop" and N >= policy_for(SM90).smem_fp32_min_n and dispatch.smem_takes(shape):
         assert dispatch.coop_holds_all(shape) and not dispatch.coop_rereads(shape)
 
 
@@ -533,3 +519,87 @@ def test_sm90_dispatch_matches_the_golden_file():
     got = lines()
     moved = [f"{w}  ->  {g.split(' ', 5)[5]}" for w, g in zip(want, got, strict=False) if w != g]
     assert len(got) == len(want) and not moved, f"{len(moved)} decisions moved, e.g.:\n" + "\n".join(moved[:20])
+
+
+def _shapes():
+    """Row lengths from 1 to 2**23 (the golden grid's), a few row counts, every dtype, both directions, contiguous
+    rows and rows on a padded stride."""
+    from dispatch_golden import row_lengths
+
+    for N in row_lengths():
+        for M in (1, 64, 4096):
+            if M * N > 2**28:
+                continue
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                aligned = whole_vectors(N, dtype.itemsize)
+                for backward in (False, True):
+                    for dense in (True, False):
+                        yield M, N, dtype, backward, aligned or not dense, dense
+
+
+@pytest.mark.parametrize("device", [SM90, SM89, GFX942, GFX1201], ids=lambda d: d.arch)
+def test_every_shape_gets_a_plan_its_family_can_run_on_the_device(device):
+    """Capabilities: fused only for rows it holds, the cooperative families (coop, smem) only on CUDA, smem only for
+    rows it can copy on an sm_80+ GPU with Gluon, cluster configs only where the GPU has CTA clusters."""
+    from tritonsoftmax.kernels import exchange
+    from tritonsoftmax.kernels.fused import MAX_N
+
+    for M, N, dtype, backward, aligned, dense in _shapes():
+        p = dispatch.resolve("auto", M, N, dtype, device, backward, aligned, dense)
+        shape = dispatch.Shape(M, N, dtype, device, backward, aligned, dense)
+        where = (M, N, dtype, backward, aligned, dense, p.impl)
+        assert p.impl in ALL_FAMILY_NAMES, where
+        assert p.impl != "fused" or N <= MAX_N, where
+        assert p.impl not in ("coop", "smem") or device.backend == "cuda", where
+        assert p.impl != "smem" or dispatch.smem_copies(shape), where
+        assert p.config is None or not dict(p.config.meta).get("CLUSTER") or exchange.has_clusters(device), where
+
+
+def test_without_a_table_every_plan_comes_from_the_default_policy(monkeypatch):
+    """With no shipped and no user table, the H200 gets the default policy (no measured value), none of the measured
+    special cases fires, and no config comes from a table: only the rules written in device quantities decide."""
+    from tritonsoftmax.policy import Policy, default_policy
+
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE_SHIPPED", "0")
+    dispatch.clear_cache()
+    try:
+        pol = policy_for(SM90)
+        assert pol.source == () and vars(pol) == vars(default_policy(SM90))
+        assert pol.reload is None and pol.smem_one_chunk is None and pol.smem_fp32_cluster is None
+        assert pol.coop_resident_per_sm == SM90.regs_per_sm // (96 * 128) and pol.smem_min_n == 2 * 16384
+        assert Policy.off_align_online_bucket is None and pol.off_align_online_bucket is None
+        measured = (dispatch.realigned_16bit_rows, dispatch.smem_one_chunk_rows, dispatch.smem_held_rows,
+                    dispatch.coop_tuned_16bit_backward, dispatch.smem_few_fp32_rows, dispatch.reload_row_config,
+                    dispatch.smem_fp32_cluster_config)
+        for M, N, dtype, backward, aligned, dense in _shapes():
+            shape = dispatch.Shape(M, N, dtype, SM90, backward, aligned, dense)
+            assert not any(rule(shape) for rule in measured), (M, N, dtype, backward, aligned, dense)
+            p = dispatch.resolve("auto", M, N, dtype, SM90, backward, aligned, dense)
+            assert p.config is None or p.config == dispatch.held_row_config(shape), (M, N, p)
+    finally:
+        monkeypatch.delenv("TRITONSOFTMAX_TUNE_CACHE_SHIPPED")
+        dispatch.clear_cache()
+
+
+def test_an_arch_file_policy_overrides_the_default_key_by_key(tmp_path, monkeypatch):
+    """A user's table with a ``policy:`` mapping changes only the keys it names; unknown keys warn and are ignored."""
+    import yaml
+
+    from tritonsoftmax import tuning
+
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path))
+    path = tuning.table_path(tmp_path, GFX1201)
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"schema": tuning.SCHEMA, "entries": {},
+                                    "policy": {"few_rows_per_sm": 3, "smem_fp32_few_rows": {"beyond": 2, "max_n": 64},
+                                               "no_such_threshold": 1}}))
+    dispatch.clear_cache()
+    try:
+        with pytest.warns(RuntimeWarning, match="no_such_threshold"):
+            pol = policy_for(GFX1201)
+        assert pol.few_rows_per_sm == 3 and pol.smem_fp32_few_rows == {"beyond": 2, "max_n": 64}
+        assert pol.fused_programs_per_sm == policy_for(SM89).fused_programs_per_sm
+        assert dispatch.few_rows(dispatch.Shape(3 * 64 - 1, 4096, torch.float32, GFX1201))
+        assert not dispatch.few_rows(dispatch.Shape(3 * 64, 4096, torch.float32, GFX1201))
+    finally:
+        dispatch.clear_cache()

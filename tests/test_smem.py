@@ -30,6 +30,7 @@ from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, gluon_available, sizing, smem_launch
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import matrix_problem, whole_vectors
+from tritonsoftmax.policy import policy_for
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
@@ -265,9 +266,12 @@ def test_odd_rows_take_the_odd_lead_where_input_and_output_share_a_layout():
     assert not smem_launch.odd_rows_fit(matrix_problem(x, x), 2, 4)
 
 
-def test_dense_odd_rows_go_to_smem_where_it_copies():
+def test_dense_odd_rows_go_to_smem_where_it_copies(monkeypatch):
     """The dispatcher gives smem rows off 16-byte boundaries when they are dense (contiguous rows of one element
-    size: the odd-row form takes them), as it gives aligned ones; not other unaligned layouts, nor AMD."""
+    size: the odd-row form takes them), as it gives aligned ones; not other unaligned layouts, nor AMD. (The sm_89
+    runs with the H200's policy: what changes is that it has no CTA clusters.)"""
+    h200 = policy_for(SM90)
+    monkeypatch.setattr(dispatch, "policy_for", lambda device: h200)
     bf = torch.bfloat16
     assert dispatch.choose(4096, 50257, bf, SM90, False, aligned=False, dense=True).impl == "smem"
     assert dispatch.choose(4096, 100003, bf, SM90, True, aligned=False, dense=True).impl == "smem"
@@ -1010,7 +1014,7 @@ def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, f
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("N", [16392, 16896])
 def test_auto_runs_many_16bit_rows_just_past_16k_through_smem(N, dtype):
-    """Rows fused would hold as half a block plus a tail run smem both ways (smem_held_32k_rows): one
+    """Rows fused would hold as half a block plus a tail run smem both ways (smem_held_rows): one
     balanced chunk forward, two backward, each starting on a line (16392; 16896 rows lie on lines)."""
     M = 1024
     x = random_input((M, N), dtype, DEVICE, seed=N).requires_grad_()
@@ -1112,4 +1116,5 @@ def test_auto_runs_smem_for_few_16bit_rows_beyond_coops_capacity(M, N, dtype):
     assert dispatch.plan("auto", M, N, dtype, dtype, x.device).impl == "smem"
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     fp32 = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device).impl
-    assert (fp32 == "smem") == (N <= dispatch.SMEM_FP32_CLUSTER_MAX_N), "fp32 rows: smem by the cluster rule only"
+    cluster_max_n = policy_for(SM90).smem_fp32_cluster["max_n"]
+    assert (fp32 == "smem") == (N <= cluster_max_n), "fp32 rows: smem by the cluster rule only"

@@ -1,16 +1,20 @@
 """Training and integration: gradients, log_softmax, scale, masked rows, the custom operators,
 torch.compile, CUDA graphs, modules and patch_torch."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, HAS_GPU
 from softmax_ref import TOL, assert_grad_close, poisoned_like, random_input
+from synthetic_devices import SM90
 
 import tritonsoftmax
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.kernels import FAMILY_NAMES, coop, fused, online, split
+from tritonsoftmax.policy import policy_for
 
 IMPLS = ("auto",) + FAMILY_NAMES
 GRAD_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -277,8 +281,9 @@ def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
     from tritonsoftmax import api, execute
 
     monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
-    monkeypatch.setitem(dispatch.RELOAD_ROW_CONFIGS, 2, {64: (1, 2, 0, 256)})
-    monkeypatch.setitem(dispatch.RELOAD_DENSE_ROW_CONFIGS, 2, {64: (1, 2)})
+    reload = {**SM90_RELOAD, "rows": {**SM90_RELOAD["rows"], 2: {64: (1, 2, 0, 256)}}, "dense_rows": {2: {64: (1, 2)}}}
+    patched = dataclasses.replace(policy_for(SM90), reload=reload)
+    monkeypatch.setattr(dispatch, "policy_for", lambda device: patched)
     seen = []
     prepare = execute._prepare
     monkeypatch.setattr(execute, "_prepare", lambda problem, x, y, impl, flags, backward: seen.append(
@@ -298,21 +303,22 @@ def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
         api.clear_caches()
 
 
+SM90_RELOAD = policy_for(SM90).reload  # the reload configs the H200's policy holds (tune_cache/cuda/sm_90.yaml)
 RELOAD_SHAPES = [(dt, block) for dt in (torch.float32, torch.bfloat16, torch.float16)
-                 for block in dispatch.RELOAD_ROW_CONFIGS[dt.itemsize]]
+                 for block in SM90_RELOAD["rows"][dt.itemsize]]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,block", RELOAD_SHAPES, ids=str)
 @pytest.mark.parametrize("log", [False, True])
 def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype, block, log):
-    """The fewest rows of the shortest length that reload_row_config takes, per block of RELOAD_ROW_CONFIGS: auto's
-    plan (fused's, for the 16-bit 32K block that auto gives smem-bwd where it copies the rows) is fused-bwd with
+    """The fewest rows of the shortest length that reload_row_config takes, per block of the policy's reload rows:
+    auto's plan (fused's, for the 16-bit 32K block that auto gives smem-bwd where it copies the rows) is fused-bwd with
     RELOAD and 32 registers a thread, and its dx (into a poisoned buffer, scale -0.5) matches float64 in every
     element."""
-    N = dispatch.reload_shortest(dtype.itemsize, block)
-    M = -(-dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][2] // N)
-    impl = "auto" if block <= dispatch.RELOAD_OVER_SMEM_MAX_N else "fused"
+    N = dispatch.reload_shortest(SM90_RELOAD, dtype.itemsize, block)
+    M = -(-SM90_RELOAD["rows"][dtype.itemsize][block][2] // N)
+    impl = "auto" if block <= policy_for(SM90).smem_one_chunk["reload_over_smem_max_n"] else "fused"
     p = dispatch.plan(impl, M, N, dtype, dtype, torch.device(DEVICE), backward=True)
     assert p.impl == "fused" and p.config["RELOAD"] == 1 and dict(p.config.options)["maxnreg"] == 32, p
     x = random_input((M, N), dtype, DEVICE, seed=block)
@@ -325,7 +331,7 @@ def test_gpu_backward_of_rows_that_fill_their_block_with_the_reload_config(dtype
 
 
 DENSE_SHAPES = [(dt, block, rows) for dt in (torch.bfloat16, torch.float16)
-                for block, (rows, _) in dispatch.RELOAD_DENSE_ROW_CONFIGS[dt.itemsize].items()]
+                for block, (rows, _) in SM90_RELOAD["dense_rows"][dt.itemsize].items()]
 
 
 @pytest.mark.gpu
@@ -339,7 +345,7 @@ def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, lo
     config."""
     from tritonsoftmax import api
 
-    M = dispatch.RELOAD_ROW_CONFIGS[dtype.itemsize][block][3] // block + rows
+    M = SM90_RELOAD["rows"][dtype.itemsize][block][3] // block + rows
     fn = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
     api.clear_caches()
     for padded in (False, True):

@@ -82,25 +82,41 @@ _loaded: dict[Path, dict] = {}
 _warned: set[Path] = set()
 
 
-def _read(path: Path) -> dict:
-    """The ``entries`` of one file ({} when absent; {} with one warning when unreadable)."""
+def _read_doc(path: Path) -> dict:
+    """One arch file ({} when absent; {} with one warning when unreadable): schema, header, entries and, where
+    the tuner measured it, the dispatch policy."""
     if path in _loaded:
         return _loaded[path]
-    entries: dict = {}
+    doc: dict = {}
     if path.is_file():
         try:
             doc = yaml.safe_load(path.read_text())
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("entries"), dict):
                 raise ValueError(f"unknown schema (expected a mapping with schema: {SCHEMA} and entries)")
-            entries = doc["entries"]
         except (OSError, yaml.YAMLError, ValueError) as e:
             if path not in _warned:
                 _warned.add(path)
                 warnings.warn(f"tritonsoftmax: ignoring tuning table {path}: {str(e).splitlines()[0]}",
                               RuntimeWarning, stacklevel=3)
-            entries = {}
-    _loaded[path] = entries
-    return entries
+            doc = {}
+    _loaded[path] = doc
+    return doc
+
+
+def _read(path: Path) -> dict:
+    """The ``entries`` of one file ({} when absent or unreadable)."""
+    return _read_doc(path).get("entries", {})
+
+
+def policy_values(device: DeviceInfo) -> dict:
+    """The ``policy`` mapping of ``device``'s arch files (the dispatch thresholds measured on that arch, see
+    tritonsoftmax.policy): the shipped table's, with the user's table's keys over it. {} where neither has one."""
+    out: dict = {}
+    for root in reversed(roots()):
+        section = _read_doc(table_path(root, device)).get("policy")
+        if isinstance(section, dict):
+            out.update(section)
+    return out
 
 
 def forget() -> None:
@@ -266,7 +282,7 @@ def record(root: Path, device: DeviceInfo,
             del parts[at]
         if covers and covers not in parts:
             parts.insert(at, covers)
-        new = {"schema": SCHEMA, "header": header(device, parts), "entries": entries}
+        new = {**doc, "schema": SCHEMA, "header": header(device, parts), "entries": entries}  # keeps the policy
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
