@@ -20,17 +20,31 @@ import triton.language as tl
 
 OURS = ("auto", "fused", "tile", "online", "split", "coop", "smem")
 REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
+BASELINE = ("previous",)  # auto of an earlier version of this package (bench.baseline): asked for by name only
 PEERS = ("torch", "compile", "tutorial", "naive", "liger", "flaggems", "quack")
-ALL = OURS + REFERENCE + PEERS
+ALL = OURS + REFERENCE + BASELINE + PEERS
 LABELS = {"auto": "tritonsoftmax", "fused": "ts-fused", "tile": "ts-tile", "online": "ts-online", "split": "ts-split",
           "coop": "ts-coop", "smem": "ts-smem",
-          "copy": "copy",
+          "copy": "copy", "previous": "previous",
           "torch": "torch.softmax", "compile": "torch.compile", "tutorial": "Triton tutorial", "naive": "naive torch",
           "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK"}
 
 
 class Unavailable(Exception):
     """This provider cannot run this input; the message says why in one line."""
+
+
+def previous_package():
+    """The earlier version of tritonsoftmax that bench.baseline copied as ``tritonsoftmax_base`` into the folder
+    named by TRITONSOFTMAX_BASELINE (``--baseline``); raises Unavailable without one."""
+    path = os.environ.get("TRITONSOFTMAX_BASELINE")
+    if not path or not os.path.isdir(os.path.join(path, "tritonsoftmax_base")):
+        raise Unavailable("no previous package (python -m bench.baseline COMMIT DIR, then --baseline DIR)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import tritonsoftmax_base
+
+    return tritonsoftmax_base
 
 
 def add_peers_site(path: str | None = None) -> None:
@@ -140,6 +154,9 @@ def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tens
         if name == "fused" and x.shape[1] > 65536:
             raise Unavailable("fused holds the whole row on chip (N > 65536)")
         return lambda: execute.backward(dy, y, -1, name, 1.0, False, x.dtype)
+    if name == "previous":
+        base = previous_package()
+        return lambda: base.execute.backward(dy, y, -1, "auto", 1.0, False, x.dtype)
     if name == "copy":  # the same bytes: read two tensors, write one
         out = torch.empty_like(x)
         return lambda: torch.add(dy, y, out=out)
@@ -178,6 +195,9 @@ def prepare(name: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
         if name == "smem" and not x.is_cuda:
             raise Unavailable("smem is a Gluon kernel: NVIDIA GPUs only, no interpreter")
         return lambda: tritonsoftmax.softmax(x, impl=name)
+    if name == "previous":
+        base = previous_package()
+        return lambda: base.softmax(x)
     if name == "copy":
         y = torch.empty_like(x)
         return lambda: y.copy_(x)

@@ -79,6 +79,7 @@ def write_summary(out: Path) -> str:
     lines += [f"{i}. `{p['meta']['command']}` (TRITONSOFTMAX_AUTOTUNE={p['meta']['autotune']}) on "
               f"{p['meta']['device']}, torch {p['meta']['torch']}, triton {p['meta']['triton']}, "
               f"{p['meta']['repeats']} interleaved rounds x {_timer_words(p['meta'])}"
+              + (f"; previous = tritonsoftmax at {p['meta']['previous']}" if p["meta"].get("previous") else "")
               for i, p in enumerate(found, 1)]
     if len({p["meta"].get("timer", "events") for p in found}) > 1:
         lines += ["", "**These parts were timed differently (do_bench events and CUPTI kernel time): "
@@ -87,7 +88,8 @@ def write_summary(out: Path) -> str:
         lines += ["", "**No GPU: these numbers time the Triton interpreter with a wall clock, not a GPU.**"]
     lines += ["", "GB/s = (bytes read + bytes written) / median time (forward: x read, y written; backward: dy "
               "and y read, dx written). `vs best` = tritonsoftmax (auto) / the best peer (every line but ours and "
-              "copy; in the backward, copy is a two-input add)."]
+              "copy; in the backward, copy is a two-input add); `vs previous` = tritonsoftmax (auto) / the previous "
+              "version of the package (bench.baseline), where measured."]
     points = latest_points(out)
     for plot in dict.fromkeys(pt["plot"] for pt in points):
         for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
@@ -96,7 +98,8 @@ def write_summary(out: Path) -> str:
             ran = any(auto_families(pt) for pt in pts)
             peers = any(best_peer(pt["gbps"]) for pt in pts)
             head = ["M×N"] + (["auto ran"] if ran else []) + [LABELS[n] for n in names]
-            head += (["best peer", "vs best"] if peers else []) + ["run"]
+            previous = "previous" in names
+            head += (["best peer", "vs best"] if peers else []) + (["vs previous"] if previous else []) + ["run"]
             lines += ["", f"## {plot}, {dname}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
             for pt in pts:
                 cells = [f"{pt['M']}×{pt['N']}"] + ([auto_families(pt) or "–"] if ran else [])
@@ -106,6 +109,9 @@ def write_summary(out: Path) -> str:
                     ours = pt["gbps"].get("auto")
                     cells += [LABELS[best[0]] + " " + fmt_gbps(best[1]) if best else "–",
                               f"{ours / best[1]:.2f}" if ours and best else "–"]
+                if previous:
+                    ours, before = pt["gbps"].get("auto"), pt["gbps"].get("previous")
+                    cells.append(f"{ours / before:.3f}" if ours and before else "–")
                 lines.append("| " + " | ".join(cells + [str(pt["run"])]) + " |")
     skipped = skipped_lines({k: v for p in found for k, v in p["meta"]["skipped"].items()})
     if skipped:

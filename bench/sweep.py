@@ -85,7 +85,7 @@ def _design_plots(dtypes: list[str], mode: str) -> dict:
 
 
 def _parse(argv):
-    from bench.peers import ALL
+    from bench.peers import ALL, BASELINE
     from tritonsoftmax.kernel_timer import TIMERS
 
     ap = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
@@ -98,8 +98,8 @@ def _parse(argv):
     ap.add_argument("--shapes", nargs="+", metavar="MxN", help="keep only these points of the chosen plots "
                     "(e.g. 4x1048576)")
     ap.add_argument("--mode", choices=["fwd", "bwd"], default="fwd", help="forward (default) or backward")
-    ap.add_argument("--providers", nargs="+", default=list(ALL), choices=list(ALL), metavar="NAME",
-                    help=f"lines to measure (default: all): {', '.join(ALL)}")
+    ap.add_argument("--providers", nargs="+", default=[p for p in ALL if p not in BASELINE], choices=list(ALL),
+                    metavar="NAME", help=f"lines to measure (default: all but previous): {', '.join(ALL)}")
     ap.add_argument("--quick", action="store_true", help="a small grid (always on without a GPU)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds per point (GPU default 3)")
     ap.add_argument("--rep-ms", type=float, default=30.0, help="do_bench budget per measurement, ms (default 30)")
@@ -108,6 +108,12 @@ def _parse(argv):
                          "the kernels each call launched, from CUPTI (GPU only)")
     ap.add_argument("--peers-site", default=None, metavar="DIR",
                     help="a folder holding the peer libraries (Liger-Kernel, FlagGems, QuACK) to import them from")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="a folder holding an earlier version of this package (python -m bench.baseline COMMIT DIR): "
+                         "the 'previous' line, and a `vs previous` column")
+    ap.add_argument("--no-table", action="store_true",
+                    help="run tritonsoftmax without any tuning table (no shipped one, an empty user one): what a "
+                         "GPU nobody tuned gets, the default dispatch policy and the families' heuristics")
     ap.add_argument("--merge-only", action="store_true",
                     help="measure nothing: rebuild summary.md, PNGs, CSVs and results.html from the parts in --out")
     ap.add_argument("--out", default=None, metavar="DIR",
@@ -129,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         return _finish(Path(args.out))
     if args.peers_site:
         os.environ["TRITONSOFTMAX_PEERS_SITE"] = args.peers_site
+    if args.baseline:
+        os.environ["TRITONSOFTMAX_BASELINE"] = args.baseline
+    if args.no_table:
+        import tempfile
+
+        os.environ["TRITONSOFTMAX_TUNE_CACHE_SHIPPED"] = "0"
+        os.environ["TRITONSOFTMAX_TUNE_CACHE"] = tempfile.mkdtemp(prefix="tritonsoftmax-no-table-")
     import triton
 
     from bench import peers
@@ -183,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": command, "device": info.name, "torch": torch.__version__, "triton": triton.__version__,
             "mode": args.mode, "repeats": repeats, "rep_ms": args.rep_ms, "timer": args.timer,
             "interpreter": not on_gpu, "autotune": os.environ.get("TRITONSOFTMAX_AUTOTUNE", "1"), "skipped": skipped}
+    if "previous" in args.providers:
+        marker = Path(os.environ.get("TRITONSOFTMAX_BASELINE", ".")) / "tritonsoftmax_base" / "BASELINE"
+        meta["previous"] = marker.read_text().strip() if marker.is_file() else "unknown"
     part_file = out / f"points-{part}.json"
     meta["seq"] = next_seq(out, part_file)
 

@@ -271,3 +271,17 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
     assert all(row in summary for row in rows) and "NVIDIA H200" in summary
+
+
+def test_baseline_copy_renames_the_package_its_operators_and_its_variables():
+    """bench.baseline's rewrite: the copy imports itself as tritonsoftmax_base, registers tritonsoftmax_base::*
+    and reads TRITONSOFTMAX_BASE_*, so the package under test and the copy share one process without colliding."""
+    from bench.baseline import rewrite
+
+    src = ('from tritonsoftmax.device import x\n@torch.library.custom_op("tritonsoftmax::softmax")\n'
+           'os.environ.get("TRITONSOFTMAX_AUTOTUNE")\nfiles("tritonsoftmax.tune_cache")\nimport tritonsoftmax\n'
+           'tritonsoftmax_extra = 1\n')
+    assert rewrite(src) == ('from tritonsoftmax_base.device import x\n'
+                            '@torch.library.custom_op("tritonsoftmax_base::softmax")\n'
+                            'os.environ.get("TRITONSOFTMAX_BASE_AUTOTUNE")\nfiles("tritonsoftmax_base.tune_cache")\n'
+                            'import tritonsoftmax_base\ntritonsoftmax_extra = 1\n')
