@@ -544,3 +544,72 @@ def test_every_shipped_sm90_entry_names_its_kernels_parameters_and_is_a_config_o
             assert where in _OUT_OF_SPACE_SM90, (where, config)
             out_of_space += 1
     assert len(entries) > 300 and out_of_space <= len(_OUT_OF_SPACE_SM90)
+
+
+def test_family_tuner_records_each_points_winner_and_resumes(tmp_path):
+    """python -m tritonsoftmax.tune --dispatch times the families a point's shape allows against each other, writes
+    the winner and every family's time into the table's dispatch: mapping (leaving its entries alone), says where
+    it is as it goes, and a second run skips the points the table holds; --part takes every N-th point."""
+    out = tmp_path / "tuned"
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "1" if DEVICE == "cpu" else "0"}
+    cmd = [sys.executable, "-m", "tritonsoftmax.tune", "--dispatch", "--dtypes", "float32", "--n", "64", "300",
+           "--m", "4", "--directions", "fwd", "--out", str(out)]
+    first = subprocess.run(cmd + ["--part", "1/2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "1 points in part 1/2, 0 already" in first.stdout, first.stdout
+    assert "[1/1] fwd float32 4x64: " in first.stdout, first.stdout
+    whole = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert "2 points in part 1/1, 1 already" in whole.stdout and "4x300" in whole.stdout, whole.stdout
+    (path,) = out.rglob("*.yaml")
+    doc = yaml.safe_load(path.read_text())
+    points = doc["dispatch"]["fwd"]["float32"]
+    assert set(points) == {64, 300} and all(set(points[n]) == {4} for n in points)
+    for n in (64, 300):
+        item = points[n][4]
+        want = "fused" if DEVICE == "cpu" else item["family"]
+        assert {"fused", "online", "split"} <= set(item["ms"]) and item["family"] in item["ms"]
+        assert item["family"] == want or item["ms"][item["family"]] <= min(item["ms"].values()) * 1.02
+    assert doc["entries"] == {}
+    bad = subprocess.run(cmd + ["--part", "3/2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--part takes K/N" in bad.stderr, bad.stderr
+
+
+def test_family_tuner_keeps_the_rules_choice_within_the_margin():
+    from tritonsoftmax.tune_dispatch import grid, pick
+
+    assert pick({"fused": 1.0, "online": 0.99}, "fused", 0.02) == "fused"
+    assert pick({"fused": 1.0, "online": 0.97}, "fused", 0.02) == "online"
+    assert pick({"online": 0.97}, "fused", 0.02) == "online", "the rules' family did not run"
+    assert grid(["float32"], ["fwd"], [2**20, 2**22], [1, 4096], 2**27) == [
+        ("fwd", "float32", 2**20, 1), ("fwd", "float32", 2**20, 128), ("fwd", "float32", 2**22, 1),
+        ("fwd", "float32", 2**22, 32)]
+
+
+def test_auto_runs_the_measured_winner_where_the_family_tuner_measured(tmp_path, monkeypatch):
+    """A winner in the user's table decides auto for rows of exactly that length at row counts within a factor of 16
+    (in powers of 4), contiguous rows only; a family the shape cannot run (smem on rows it cannot copy) and other
+    lengths leave the rules in charge."""
+    from synthetic_devices import SM90
+
+    from tritonsoftmax import dispatch, tuning
+    from tritonsoftmax.kernels import gluon_available
+
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path))
+    tuning.record_winner(tmp_path, SM90, ("fwd", "bfloat16", 4480, 4096), "online", {"online": 1.0, "fused": 1.1})
+    tuning.record_winner(tmp_path, SM90, ("bwd", "float32", 1000, 4096), "smem", {"smem": 1.0, "fused": 1.1})
+    dispatch.clear_cache()
+    try:
+        bf = torch.bfloat16
+        assert dispatch.choose(4096, 4480, bf, SM90, aligned=True, dense=True).impl == "fused", "the rules"
+        assert dispatch.resolve("auto", 4096, 4480, bf, SM90, False, True, True).impl == "online"
+        assert dispatch.resolve("auto", 300, 4480, bf, SM90, False, True, True).impl == "online", "M within 16x"
+        assert dispatch.resolve("auto", 64, 4480, bf, SM90, False, True, True).impl == "fused", "M 64x fewer"
+        assert dispatch.resolve("auto", 4096, 4480, bf, SM90, True, True, True).impl == "fused", "the backward"
+        assert dispatch.resolve("auto", 4096, 4480, bf, SM90, False, True, False).impl == "fused", "padded rows"
+        assert dispatch.resolve("auto", 4096, 4488, bf, SM90, False, True, True).impl == "fused", "another length"
+        assert dispatch.resolve("fused", 4096, 4480, bf, SM90, False, True, True).impl == "fused", "asked by name"
+        # 1000 fp32 elements are whole 16-byte vectors, and smem copies them on an sm_90: the winner holds
+        assert dispatch.resolve("auto", 4096, 1000, torch.float32, SM90, True, True, True).impl == (
+            "smem" if gluon_available() else "fused")
+    finally:
+        dispatch.clear_cache()

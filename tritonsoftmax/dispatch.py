@@ -364,14 +364,35 @@ def stored(device: DeviceInfo, fam, dtype: torch.dtype, N: int, M: int, within=N
     return tuning.lookup(device, fam.name, dtype, N, M, fewer, within)
 
 
+def measured_winner(s: Shape) -> str | None:
+    """The family the arch's family tuner (python -m tritonsoftmax.tune --dispatch) found fastest for this shape,
+    where it measured rows of exactly this length in the layout it times (contiguous rows) and the family can run
+    them; else None."""
+    if not s.dense or s.aligned != whole_vectors(s.N, s.dtype.itemsize):
+        return None
+    name = tuning.dispatch_winner(s.device, s.backward, s.dtype, s.N, s.M)
+    if name == "smem" and not smem_copies(s):
+        return None
+    if name == "fused":
+        from .kernels.fused import MAX_N
+
+        if s.N > MAX_N:
+            return None
+    return name if name in ALL_FAMILY_NAMES else None
+
+
 def resolve(impl: str, M: int, N: int, dtype: torch.dtype, info: DeviceInfo, backward: bool = False,
             aligned: bool = True, dense: bool = False) -> Plan:
-    """The one decision from a shape to a launch: the family (``impl``, or for ``auto`` the first rule that holds)
-    and its config: a rule's (ruled_config), else the tuning table's entry, else None (the family's heuristic or
-    autotuner decides when it launches). ``aligned``: every row starts on a 16-byte boundary; ``dense``: input and
-    output are contiguous rows, back to back, of one element size. The backward runs the backward kernel of the
-    family the rules pick for it."""
-    name = choose(M, N, dtype, info, backward, aligned, dense).impl if impl == "auto" else impl
+    """The one decision from a shape to a launch: the family (``impl``, or for ``auto`` the family tuner's measured
+    winner at this shape (measured_winner), else the first rule that holds) and its config: a rule's
+    (ruled_config), else the tuning table's entry, else None (the family's heuristic or autotuner decides when it
+    launches). ``aligned``: every row starts on a 16-byte boundary; ``dense``: input and output are contiguous
+    rows, back to back, of one element size. The backward runs the backward kernel of the family the rules pick
+    for it."""
+    name = impl
+    if impl == "auto":
+        name = measured_winner(Shape(M, N, dtype, info, backward, aligned, dense)) or \
+            choose(M, N, dtype, info, backward, aligned, dense).impl
     if name == "fused":
         from .kernels.fused import check_row_length
 

@@ -18,6 +18,7 @@ layout).
                                                                   # across 8 and 16 rows
     python -m tritonsoftmax.tune --families fused --n 4100 6144 --up-to  # an entry for rows of 4097..6144
                                                                   # (the 8192 bucket's entry keeps the rest)
+    python -m tritonsoftmax.tune --dispatch --part 1/8            # which family wins where (tune_dispatch.py)
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
 ``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
@@ -85,10 +86,28 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "event time is a large, noisy share (GPU only; entries record the timer)")
     ap.add_argument("--backward", action="store_true",
                     help="tune the families' backward kernels (stored as <family>-bwd) instead of the forward")
+    ap.add_argument("--dispatch", action="store_true",
+                    help="the family tuner (tritonsoftmax.tune_dispatch): time the families against each other on "
+                         "a grid and record the fastest at each point in the table's dispatch: mapping")
+    ap.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"],
+                    help="with --dispatch: the forward, the backward, or both (default)")
+    ap.add_argument("--part", default="1/1", metavar="K/N",
+                    help="with --dispatch: measure the K-th of N pieces of the grid (every N-th point)")
+    ap.add_argument("--again", action="store_true", help="with --dispatch: measure points the table holds already")
+    ap.add_argument("--margin", type=float, default=0.02,
+                    help="with --dispatch: how much faster than the rules' choice a family must be to replace it")
     dest = ap.add_mutually_exclusive_group()
     dest.add_argument("--repo", action="store_true", help="write the repository's tune_cache/ (contributing)")
     dest.add_argument("--out", type=Path, help="write under this directory instead of the user directory")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.m_given = argv is not None and "--m" in argv or argv is None and "--m" in sys.argv[1:]
+    try:
+        k, n = (int(v) for v in args.part.split("/"))
+        assert 1 <= k <= n
+    except (ValueError, AssertionError):
+        ap.error(f"--part takes K/N with 1 <= K <= N, got {args.part!r}")
+    args.part = (k, n)
+    return args
 
 
 class _Workload:
@@ -210,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.n and min(args.n) < 1:
         print("error: --n takes row lengths >= 1", file=sys.stderr)
         return 2
+    if args.dispatch:
+        from . import tune_dispatch
+
+        return tune_dispatch.run(args, info, dev, root, timer)
     if args.up_to and not args.n:
         print("error: --up-to stores entries under the longest --n length; give --n", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ import contextlib
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +214,54 @@ def stored_config(root: Path, device: DeviceInfo, family: str, dtype: torch.dtyp
         return None
 
 
+def _winners(path: Path, direction: str, dtype_name: str) -> dict:
+    """{N: {M: item}} of one direction and dtype in the ``dispatch`` mapping of the table at ``path``."""
+    section = _read_doc(path).get("dispatch")
+    found = section.get(direction, {}).get(dtype_name, {}) if isinstance(section, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def stored_winner(root: Path, device: DeviceInfo, direction: str, dtype_name: str, N: int, M: int) -> str | None:
+    """The family ``root``'s table records as fastest at exactly this point (the family tuner's), or None."""
+    item = _winners(table_path(root, device), direction, dtype_name).get(N, {}).get(M)
+    return item.get("family") if isinstance(item, dict) else None
+
+
+def dispatch_winner(device: DeviceInfo, backward: bool, dtype: torch.dtype, N: int, M: int) -> str | None:
+    """The family the tables' family tuner found fastest for rows of exactly N elements at the nearest row count it
+    measured (in powers of 4, within a factor of NEAREST_M either way); the user's table first. None where no table
+    measured N: the rules decide."""
+    if dtype not in DTYPE_NAMES:
+        return None
+    direction = "bwd" if backward else "fwd"
+    for root in roots():
+        by_m = _winners(table_path(root, device), direction, DTYPE_NAMES[dtype]).get(N)
+        if not isinstance(by_m, dict):
+            continue
+        near = [k for k in by_m if isinstance(k, int) and abs(m_bucket(k).bit_length() - m_bucket(M).bit_length())
+                <= NEAREST_M.bit_length() - 1]
+        if near:
+            best = min(near, key=lambda k: (abs(m_bucket(k).bit_length() - m_bucket(M).bit_length()), abs(k - M)))
+            family = by_m[best].get("family") if isinstance(by_m[best], dict) else None
+            if isinstance(family, str):
+                return family
+    return None
+
+
+def record_winner(root: Path, device: DeviceInfo, point: tuple[str, str, int, int], family: str,
+                  times: dict[str, float]) -> Path:
+    """Write the family tuner's result at ``point`` (direction, dtype name, N, M): the winner and every family's
+    ms, into ``root``'s table (atomic, under the table's lock, as :func:`record`)."""
+    direction, dtype_name, N, M = point
+
+    def merge(doc: dict) -> None:
+        section = doc.setdefault("dispatch", {})
+        section.setdefault(direction, {}).setdefault(dtype_name, {}).setdefault(N, {})[M] = {
+            "family": family, "ms": {k: round(float(v), 6) for k, v in sorted(times.items())}}
+
+    return _rewrite(root, device, merge)
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     lock = path.with_suffix(path.suffix + ".lock")
@@ -257,6 +306,30 @@ def record(root: Path, device: DeviceInfo,
     """
     import triton
 
+    def merge(doc: dict) -> None:
+        entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
+        for family, dtype, N, M, config, ms in results:
+            n_key, m_key = _slot(N, M, up_to_n)
+            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_key, {})
+            slot[m_key] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
+                           "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
+        doc["entries"] = entries
+        parts = (doc.get("header") or {}).get("covers") or []
+        parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
+        at = len(parts)
+        if replaces and replaces in parts:
+            at = parts.index(replaces)
+            del parts[at]
+        if covers and covers not in parts:
+            parts.insert(at, covers)
+        doc["header"] = header(device, parts)
+
+    return _rewrite(root, device, merge)
+
+
+def _rewrite(root: Path, device: DeviceInfo, merge: Callable[[dict], None]) -> Path:
+    """Read ``root``'s table for ``device``, let ``merge`` change the document in place, write it back: under an
+    exclusive lock, the new file written beside the old one and renamed over it. Returns the file's path."""
     path = table_path(root, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
@@ -268,25 +341,14 @@ def record(root: Path, device: DeviceInfo,
                 doc = {}
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 doc = {}
-        entries = doc.get("entries") if isinstance(doc.get("entries"), dict) else {}
-        for family, dtype, N, M, config, ms in results:
-            n_key, m_key = _slot(N, M, up_to_n)
-            slot = entries.setdefault(family, {}).setdefault(DTYPE_NAMES[dtype], {}).setdefault(n_key, {})
-            slot[m_key] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
-                                 "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
-        parts = (doc.get("header") or {}).get("covers") or []
-        parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
-        at = len(parts)
-        if replaces and replaces in parts:
-            at = parts.index(replaces)
-            del parts[at]
-        if covers and covers not in parts:
-            parts.insert(at, covers)
-        new = {**doc, "schema": SCHEMA, "header": header(device, parts), "entries": entries}  # keeps the policy
+        doc.setdefault("entries", {})
+        doc.setdefault("header", header(device, []))
+        merge(doc)
+        doc["schema"] = SCHEMA
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
-                yaml.safe_dump(new, f, sort_keys=True, default_flow_style=None, width=120)
+                yaml.safe_dump(doc, f, sort_keys=True, default_flow_style=None, width=120)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
