@@ -439,6 +439,23 @@ def test_fused_heuristic_keeps_programs_for_few_rows():
     assert family("fused").heuristic(SM90, 65536, 256)["ROWS"] > 1
 
 
+@pytest.mark.parametrize("device", [SM90, GFX942, GFX1201], ids=lambda d: d.arch)
+def test_fused_forward_heuristic_gives_many_long_rows_a_program_each_with_32_values_a_thread(device):
+    """Many rows (two programs an SM or more) of 1024 elements or more: one row a program, 32 values a thread (up to
+    32 warps or a program's most threads); fewer rows keep tiles of several warps, and the backward (two tensors
+    held) keeps its own."""
+    fwd, bwd = family("fused").heuristic, fused.BWD_FAMILY.heuristic
+    for N in (1024, 1500, 4096, 16384, 65536):
+        c = fwd(device, 4096, N)
+        block = next_power_of_2(N)
+        assert c["ROWS"] == 1 and c["BLOCK_N"] == block, (N, c)
+        most = min(32, device.max_threads_per_program // device.warp_size)
+        assert c.num_warps == min(most, max(1, block // (32 * device.warp_size))), (N, c)
+    assert fwd(device, 2 * device.sm_count - 1, 1024) == bwd(device, 2 * device.sm_count - 1, 1024)
+    assert fwd(device, 4096, 512) == bwd(device, 4096, 512)
+    assert bwd(device, 4096, 1024)["ROWS"] == 4
+
+
 def test_decision_is_cached_per_shape():
     from tritonsoftmax.device import device_info
 

@@ -316,7 +316,26 @@ def _configs(device: DeviceInfo, M: int, N: int, pipelined: bool = True,
     return sizing.with_backend_options(device, out)
 
 
+# Many rows of at least ONE_ROW_BLOCK elements: one row a program with ONE_ROW_VALUES_PER_THREAD values a thread
+# (few warps, many programs an SM). A forward program then holds its row in few registers and the SM switches
+# between many of them; it is what the tuner picks on the H200 for blocks of 1024 to 16384 in every dtype.
+ONE_ROW_BLOCK = 1024
+ONE_ROW_VALUES_PER_THREAD = 32
+
+
+def _fwd_heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    """The forward's config without a table entry: for many rows (two programs an SM or more) of ONE_ROW_BLOCK or
+    longer, one row a program with ONE_ROW_VALUES_PER_THREAD values a thread; else _heuristic's."""
+    block_n = next_power_of_2(N)
+    if block_n >= ONE_ROW_BLOCK and M >= 2 * device.sm_count:
+        warps = sizing.heuristic_warps(device, block_n, per_thread=ONE_ROW_VALUES_PER_THREAD, max_warps=32)
+        return LaunchConfig.make(warps, BLOCK_N=block_n, ROWS=1)
+    return _heuristic(device, M, N)
+
+
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
+    """The config without a table entry (the backward's; the forward's for few or short rows): tiles of about 4096
+    elements, several short rows a program, about 16 values a thread, at least two programs an SM."""
     block_n = next_power_of_2(N)
     rows = max(1, min(4096 // block_n, 64))
     # Keep at least two programs per SM when the rows allow it.
@@ -342,7 +361,7 @@ def _grid(M: int, N: int, meta: dict, device: DeviceInfo) -> tuple[int]:
 
 # No several-row tile holds more than MAX_TILE rows (of at least one element) or more than MAX_N's block of columns.
 I32_BOUNDS = (MAX_TILE, MAX_N)
-FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _heuristic, _grid, i32_bounds=I32_BOUNDS)
+FAMILY = Family(IMPL, _softmax_fused_fwd_kernel, _configs, _fwd_heuristic, _grid, i32_bounds=I32_BOUNDS)
 
 
 def _bwd_configs(device: DeviceInfo, M: int, N: int) -> list[LaunchConfig]:
