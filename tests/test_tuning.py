@@ -586,8 +586,8 @@ def test_family_tuner_keeps_the_rules_choice_within_the_margin():
 
 
 def test_auto_runs_the_measured_winner_where_the_family_tuner_measured(tmp_path, monkeypatch):
-    """A winner in the user's table decides auto for rows of exactly that length at row counts within a factor of 16
-    (in powers of 4), contiguous rows only; a family the shape cannot run (smem on rows it cannot copy) and other
+    """A winner in the user's table decides auto for rows of exactly that length at row counts of its M bucket
+    (1025..4096 for 4096), contiguous rows only; a family the shape cannot run (smem on rows it cannot copy) and other
     lengths leave the rules in charge."""
     from synthetic_devices import SM90
 
@@ -602,8 +602,8 @@ def test_auto_runs_the_measured_winner_where_the_family_tuner_measured(tmp_path,
         bf = torch.bfloat16
         assert dispatch.choose(4096, 4480, bf, SM90, aligned=True, dense=True).impl == "fused", "the rules"
         assert dispatch.resolve("auto", 4096, 4480, bf, SM90, False, True, True).impl == "online"
-        assert dispatch.resolve("auto", 300, 4480, bf, SM90, False, True, True).impl == "online", "M within 16x"
-        assert dispatch.resolve("auto", 64, 4480, bf, SM90, False, True, True).impl == "fused", "M 64x fewer"
+        assert dispatch.resolve("auto", 1025, 4480, bf, SM90, False, True, True).impl == "online", "M's bucket"
+        assert dispatch.resolve("auto", 1024, 4480, bf, SM90, False, True, True).impl == "fused", "another M bucket"
         assert dispatch.resolve("auto", 4096, 4480, bf, SM90, True, True, True).impl == "fused", "the backward"
         assert dispatch.resolve("auto", 4096, 4480, bf, SM90, False, True, False).impl == "fused", "padded rows"
         assert dispatch.resolve("auto", 4096, 4488, bf, SM90, False, True, True).impl == "fused", "another length"

@@ -214,6 +214,11 @@ def stored_config(root: Path, device: DeviceInfo, family: str, dtype: torch.dtyp
         return None
 
 
+# A family's lead at one row count is trusted for that row count's M bucket only (4x wide): with fewer rows the GPU
+# is filled differently (the rules' few-rows and rows-an-SM bounds move), with more the launch runs in more waves.
+WINNER_M_BUCKETS = 0
+
+
 def _winners(path: Path, direction: str, dtype_name: str) -> dict:
     """{N: {M: item}} of one direction and dtype in the ``dispatch`` mapping of the table at ``path``."""
     section = _read_doc(path).get("dispatch")
@@ -229,8 +234,8 @@ def stored_winner(root: Path, device: DeviceInfo, direction: str, dtype_name: st
 
 def dispatch_winner(device: DeviceInfo, backward: bool, dtype: torch.dtype, N: int, M: int) -> str | None:
     """The family the tables' family tuner found fastest for rows of exactly N elements at the nearest row count it
-    measured (in powers of 4, within a factor of NEAREST_M either way); the user's table first. None where no table
-    measured N: the rules decide."""
+    measured, in its M bucket (powers of 4; WINNER_M_BUCKETS more either way); the user's table first. None where no
+    table measured N: the rules decide."""
     if dtype not in DTYPE_NAMES:
         return None
     direction = "bwd" if backward else "fwd"
@@ -239,7 +244,7 @@ def dispatch_winner(device: DeviceInfo, backward: bool, dtype: torch.dtype, N: i
         if not isinstance(by_m, dict):
             continue
         near = [k for k in by_m if isinstance(k, int) and abs(m_bucket(k).bit_length() - m_bucket(M).bit_length())
-                <= NEAREST_M.bit_length() - 1]
+                <= 2 * WINNER_M_BUCKETS]
         if near:
             best = min(near, key=lambda k: (abs(m_bucket(k).bit_length() - m_bucket(M).bit_length()), abs(k - M)))
             family = by_m[best].get("family") if isinstance(by_m[best], dict) else None
