@@ -869,3 +869,19 @@ def test_every_shipped_fused_entry_is_exact_on_a_short_row_of_its_bucket_and_a_p
         dx = poisoned_like(ys)
         assert fused.launch_backward(dy, ys, dx, config, scale=-0.5) == config
         assert_grad_close(dx, dy, ys, scale=-0.5)
+
+
+def test_coop_forward_heuristic_runs_few_cluster_sized_rows_as_clusters():
+    """Few rows (under two an SM) of 2-16 COOP_CHUNK chunks: one cluster a row of 8-warp COOP_CHUNK programs where
+    the GPU has clusters (sm_90), the register-chunk config elsewhere (sm_89) and for many rows or longer ones."""
+    from synthetic_devices import SM89, SM90
+
+    from tritonsoftmax.kernels import exchange
+
+    for M, N in ((1, 16384), (8, 65536), (263, 131072)):
+        c = coop.FAMILY.heuristic(SM90, M, N)
+        assert (c["BLOCK"], c.num_warps, c["CLUSTER"]) == (coop.COOP_CHUNK, 8, 1), (M, N, c)
+        assert exchange.cluster_mode(c, -(-N // coop.COOP_CHUNK), SM90, False)
+        assert "CLUSTER" not in dict(coop.FAMILY.heuristic(SM89, M, N).meta)
+    for M, N in ((264, 131072), (1, 262144), (1, 8192)):
+        assert "CLUSTER" not in dict(coop.FAMILY.heuristic(SM90, M, N).meta), (M, N)

@@ -283,9 +283,20 @@ def _chunk(device: DeviceInfo, M: int, N: int, tensors: int = 1) -> int:
     return min(block, max(BLOCKS[0], next_power_of_2(N)))
 
 
+# Few rows (fewer than CLUSTER_ROWS_PER_SM an SM) whose row is a cluster's worth of COOP_CHUNK chunks run as one CTA
+# cluster a row with 8-warp programs: the exchange stays in the cluster's shared memory, and a row's few wide programs
+# start together (what the tuner picks for few 16-bit rows of 16K-128K elements on the H200).
+CLUSTER_ROWS_PER_SM = 2
+CLUSTER_WARPS = 8
+
+
 def _heuristic(device: DeviceInfo, M: int, N: int) -> LaunchConfig:
-    """Forward: 4 warps (up to 64 fp32 values a thread: more loads in flight per program measured
-    best on the H200, 4096x65536 fp32 3458 GB/s against 3286 with 8 warps)."""
+    """Forward: few rows a cluster's worth of COOP_CHUNK chunks each, on a GPU with clusters: COOP_CHUNK chunks,
+    CLUSTER_WARPS warps, cluster mode. Else 4 warps (up to 64 fp32 values a thread: more loads in flight a program)."""
+    wide = shape_config(device, N, COOP_CHUNK, CLUSTER_WARPS).with_meta(CLUSTER=1)
+    if M < CLUSTER_ROWS_PER_SM * device.sm_count and N > COOP_CHUNK and cluster_mode(wide, chunks(N, dict(wide.meta)),
+                                                                                      device, False):
+        return wide
     return shape_config(device, N, _chunk(device, M, N), 4)
 
 
