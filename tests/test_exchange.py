@@ -14,7 +14,7 @@ from synthetic_devices import SM90
 
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
-from tritonsoftmax.kernels import backward_family, coop, exchange, family, gluon_available
+from tritonsoftmax.kernels import backward_family, coop, coop_launch, exchange, family, gluon_available
 from tritonsoftmax.layout import matrix_problem
 
 PER_WORD = {"PER_WORD": 1, "BLOCK_G": 256}  # BLOCK_G >= the 4 warps' threads, wave64 included (CoopLaunch)
@@ -151,7 +151,7 @@ def test_per_word_departure_on_the_gpu(monkeypatch, name, backward, dtype, M, N,
     """Three launches back to back on one buffer, each against float64 from a poisoned output, and the
     scratch all zero after each: the words' last readers must zero exactly their words and counters."""
     if forced:
-        monkeypatch.setattr(coop, "per_word_departure", lambda *args: True)
+        monkeypatch.setattr(coop_launch, "per_word_departure", lambda *args: True)
         monkeypatch.setattr(coop.CoopFamily, "departs_per_word", True)
     fam = backward_family(name) if backward else family(name)
     x = random_input((M, N), dtype, DEVICE, seed=M + N)

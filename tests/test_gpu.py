@@ -136,16 +136,18 @@ def test_launch_hooks_fire_on_warm_calls():
 @pytest.mark.parametrize("M,N", [(4096, 65536), (1, 131072), (8, 131072), (3, 2000003), (1, 8388608)])
 def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
     """Many launches in a row (counters left ready by the kernels) and the cooperative result equal to
-    the two-launch mode's, element for element: the same arithmetic, only the waiting differs."""
+    the two-launch mode's, element for element: the same arithmetic, only the waiting differs. The config is
+    coop's register-chunk one (4 warps, not cluster mode, which test_cluster checks)."""
     from tritonsoftmax.layout import matrix_problem
 
     x = random_input((M, N), dtype, DEVICE, seed=M)
     info = device_info(x.device)
     flags = {"LOG": 0, "ZERO_MASKED": 0}
+    config = coop.shape_config(info, N, coop._chunk(info, M, N), 4)
     two = poisoned_like(x)
-    coop.FAMILY.prepare(matrix_problem(x, two), None, info, flags=flags, two_phase=True)(x, two, 1.0)
+    coop.FAMILY.prepare(matrix_problem(x, two), config, info, flags=flags, two_phase=True)(x, two, 1.0)
     y = poisoned_like(x)
-    launch = coop.FAMILY.prepare(matrix_problem(x, y), None, info, flags=flags, two_phase=False)
+    launch = coop.FAMILY.prepare(matrix_problem(x, y), config, info, flags=flags, two_phase=False)
     for _ in range(20):
         launch(x, y, 1.0)
     torch.cuda.synchronize()
