@@ -100,9 +100,9 @@ def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(
 def test_backward_of_many_rows_that_fill_their_block_gets_the_reload_config(itemsize):
     """The backward of the table's element count (2^24; 16-bit: 12M 1K, 2^25 8K, 10M 16K) or more (16-bit 32K: at
     most 3 x 2^24) of aligned rows that fill at least 15/16 (16-bit 32K: 31/32) of their block, in the blocks of
-    RELOAD_ROW_CONFIGS, runs fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread; one row
-    fewer (or one more than the most), a row one element shorter than that, the forward, rows off 16 bytes, AMD,
-    1536 threads an SM and the blocks the table leaves out get None."""
+    the H200 policy's reload rows, runs fused-bwd with RELOAD, the table's rows and warps and 32 registers a thread;
+    one row fewer (or one more than the most), a row one element shorter than that, the forward, rows off 16 bytes,
+    AMD, 1536 threads an SM and the blocks the table leaves out get None."""
     dtype = {2: torch.bfloat16, 4: torch.float32}[itemsize]
 
     def reload(M, N, backward=True, aligned=True, device=SM90, dt=dtype, dense=False):
