@@ -397,7 +397,7 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, wa
     """staggered, through dispatched_form (what auto runs): STAGGER where the launch fills at most
     stagger.MAX_WAVE of what the SMs hold and its early half reads for stagger.MIN_CYCLES; in cluster mode the rows
     wait in the most groups (STAGGER_GROUPS, up to stagger.MAX_GROUPS) that read for stagger.MIN_GROUP_CYCLES each,
-    else in halves; a group's bytes over stagger.BYTES_PER_CYCLE in whole stagger.STEPs, capped. Never for the
+    else in halves; a group's bytes over stagger.bytes_per_cycle in whole stagger.STEPs, capped. Never for the
     backward."""
     mod = smem()
     problem = meta_problem(M, N, dtype)

@@ -140,3 +140,21 @@ def test_coops_resident_launch_staggers_through_auto_and_matches_float64(M, N, d
     assert_softmax_close(y, x)
     assert_softmax_close(tritonsoftmax.softmax(x), x)
     assert_log_softmax_close(tritonsoftmax.log_softmax(x), x)
+
+
+def test_bytes_a_cycle_come_from_the_devices_clocks():
+    """The early rows' read rate in bytes a cycle is READ_SHARE of peak DRAM bandwidth over the SM clock: 1800 on the
+    H200 (4.81 TB/s, 1.98 GHz), twice that with half the clock; a device that does not say its clocks never waits."""
+    import dataclasses
+
+    assert stagger.bytes_per_cycle(SM90) == 1800
+    slow = dataclasses.replace(SM90, sm_clock_khz=SM90.sm_clock_khz // 2)
+    assert stagger.bytes_per_cycle(slow) == 3600
+    unknown = dataclasses.replace(SM90, sm_clock_khz=0)
+    assert stagger.bytes_per_cycle(unknown) == 0
+    problem = meta_problem(32, 152064)
+    assert stagger.stagger_meta(problem, 512, 5, SM90)
+    assert stagger.stagger_meta(problem, 512, 5, unknown) == {}
+    # the same bytes take half the cycles at half the clock
+    assert stagger.stagger_meta(problem, 512, 5, slow)["STAGGER"] <= stagger.stagger_meta(problem, 512, 5, SM90)[
+        "STAGGER"] // 2 + stagger.STEP

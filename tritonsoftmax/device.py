@@ -25,6 +25,8 @@ class DeviceInfo:
     regs_per_sm: 32-bit registers per SM/CU.
     l2_bytes: last-level cache size, bytes (0 when unknown).
     max_threads_per_sm: threads one SM/CU can hold at once.
+    sm_clock_khz: the SMs' clock, kHz (0 when unknown).
+    dram_bytes_per_s: peak DRAM bandwidth, bytes a second (0 when unknown).
     """
 
     backend: str
@@ -37,6 +39,8 @@ class DeviceInfo:
     l2_bytes: int = 0
     max_threads_per_program: int = 1024
     max_threads_per_sm: int = 2048
+    sm_clock_khz: int = 0
+    dram_bytes_per_s: int = 0
 
     @property
     def is_hip(self) -> bool:
@@ -110,6 +114,10 @@ def _gpu_info(index: int) -> DeviceInfo:
         regs_per_sm=int(regs),
         l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
         max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", 0) or 2048),
+        sm_clock_khz=int(getattr(props, "clock_rate", 0) or 0),
+        # double data rate: two transfers a memory clock, bus width in bits
+        dram_bytes_per_s=int(getattr(props, "memory_clock_rate", 0) or 0) * 1000 * 2
+        * int(getattr(props, "memory_bus_width", 0) or 0) // 8,
     )
 
 
