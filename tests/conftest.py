@@ -26,13 +26,45 @@ os.environ["HIP_REFERENCE_CACHE"] = tempfile.mkdtemp(prefix="tritonsoftmax-test-
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
 
-def pytest_collection_modifyitems(config, items):
+def _target_device():
+    """The device GPU tests are gated for: the synthetic one TRITONSOFTMAX_TEST_AS names (collection only), else
+    this machine's GPU, else None."""
+    arch = os.environ.get("TRITONSOFTMAX_TEST_AS")
+    if arch:
+        import synthetic_devices
+
+        found = [d for d in vars(synthetic_devices).values() if getattr(d, "arch", None) == arch]
+        if not found:
+            raise pytest.UsageError(f"TRITONSOFTMAX_TEST_AS={arch}: no synthetic device of that arch")
+        return found[0]
     if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a GPU (runs in the H200 suite)")
+        from tritonsoftmax.device import device_info
+
+        return device_info(torch.device("cuda"))
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests: skipped without a GPU; on a GPU (or the TRITONSOFTMAX_TEST_AS device) skipped where it lacks a
+    capability the test needs (tests/capabilities.py)."""
+    from capabilities import missing
+
+    device = _target_device()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" not in item.keywords:
+            continue
+        if device is None:
+            item.add_marker(pytest.mark.skip(reason="needs a GPU (runs in the H200 suite)"))
+            continue
+        lacks = missing(item, device)
+        if lacks:
+            item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(lacks)}, which {device.arch} lacks"))
+    listing = os.environ.get("TRITONSOFTMAX_TEST_LIST")
+    if listing:  # the GPU tests that would run on the device (tests/test_structure.py)
+        runs = [i.nodeid for i in items if "gpu" in i.keywords and not i.get_closest_marker("skip")
+                and not any(m.args and m.args[0] for m in i.iter_markers("skipif"))]
+        with open(listing, "w") as f:
+            f.write("\n".join(runs) + "\n")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ SM90 = DeviceInfo("cuda", "sm_90", "NVIDIA H200", 32, 132, 232448, 65536, 60 * 2
 SM89 = DeviceInfo("cuda", "sm_89", "an sm_89 GPU", 32, 128, 232448, 65536, 60 * 2**20, max_threads_per_sm=1536)
 SM75 = DeviceInfo("cuda", "sm_75", "NVIDIA T4", 32, 40, 65536, 65536, 4 * 2**20)
 GFX942 = DeviceInfo("hip", "gfx942", "AMD Instinct MI300X", 64, 304, 65536, 131072, 4 * 2**20)
+GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 
 
 def meta_problem(M: int, N: int, dtype: torch.dtype = torch.float32) -> RowProblem:

@@ -349,6 +349,7 @@ def test_c_launch_layout_of_the_installed_triton():
         pytest.skip(f"triton {triton.__version__}: layouts are checked for 3.6-3.9 only")
 
 
+@pytest.mark.needs("cuda_launcher")
 @pytest.mark.gpu
 def test_warm_call_starts_the_kernel_through_the_c_launch_function():
     from tritonsoftmax import execute

@@ -144,6 +144,7 @@ def test_summary_names_each_parts_timer_and_flags_a_mix(tmp_path):
     assert "| 8×2048 | " in text and "| 1.03 | 2 |" in text
 
 
+@pytest.mark.needs("cupti")
 @pytest.mark.gpu
 def test_kernel_profile_counts_every_kernel_of_a_call_and_only_their_busy_time():
     """What the timer records, not a ratio of two timings: one launch a call of each kernel the function runs, and a
@@ -163,6 +164,7 @@ def test_kernel_profile_counts_every_kernel_of_a_call_and_only_their_busy_time()
     assert one.busy_us == pytest.approx(one.rows[0][2], rel=1e-3), one
 
 
+@pytest.mark.needs("cupti", "pdl")
 @pytest.mark.gpu
 def test_kernel_time_counts_splits_dependent_second_pass_once():
     """Split's pass 2 starts (PDL) while pass 1 ends on sm_90+: the busy time is below the two durations'

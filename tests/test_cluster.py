@@ -205,6 +205,7 @@ def _run_forward(x, config, log=False):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N,block", [(8, 131072, 8192), (8, 131072, 16384), (3, 131067, 8192), (5, 40000, 8192),
                                        (1, 16384, 8192), (2, 1000, 128), (4, 100003, 8192), (32, 152064, 16384)])
@@ -224,6 +225,7 @@ def test_gpu_cluster_forward(M, N, block, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("kind,M,N,size", [("coop", 8, 131072, 8192), ("coop", 4, 131067, 16384),
@@ -246,6 +248,7 @@ def test_gpu_cluster_backward(kind, M, N, size, dtype, log):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 def test_gpu_cluster_extreme_values_and_strided_rows():
     """-inf entries, a whole -inf chunk, huge magnitudes; rows 2 bytes off 16 (realigned) and a softmax
     down the columns of a row-major matrix (a column stride)."""
@@ -276,6 +279,7 @@ def test_gpu_cluster_extreme_values_and_strided_rows():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 def test_gpu_cluster_launch_more_than_2_pow_31_elements():
     M, N = 16385, 131072  # 2^31 + 131072 elements, bf16
     x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
@@ -289,6 +293,7 @@ def test_gpu_cluster_launch_more_than_2_pow_31_elements():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 def test_gpu_cluster_launch_in_a_cuda_graph_and_under_launch_hooks():
     from triton import knobs
 
@@ -320,6 +325,7 @@ def test_gpu_cluster_launch_in_a_cuda_graph_and_under_launch_hooks():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 def test_gpu_refused_cluster_launch_falls_back(monkeypatch):
     def refuse(self, *args):
         raise RuntimeError("cluster launch refused (test)")
@@ -332,6 +338,7 @@ def test_gpu_refused_cluster_launch_falls_back(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 def test_gpu_api_takes_a_stored_cluster_config():
     """Through tritonsoftmax.softmax: a tuning-table entry with CLUSTER 1 runs in cluster mode."""
     import tritonsoftmax
@@ -347,6 +354,7 @@ def test_gpu_api_takes_a_stored_cluster_config():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @needs_gluon
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N,chunk,warps", [(8, 131072, 8192, 4), (8, 131072, 8192, 8), (64, 65536, 16384, 4),
@@ -377,6 +385,7 @@ def test_gpu_smem_cluster_forward(M, N, chunk, warps, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @needs_gluon
 @pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (48, 131072), (150, 50000), (200, 262144),
                                  (32, 152064), (20, 140004)])
@@ -412,6 +421,7 @@ def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @needs_gluon
 @pytest.mark.parametrize("M,N", [(40, 152064), (100, 65536), (150, 50000), (4096, 50257), (300, 151936),
                                  (264, 65536), (32, 152064), (28, 135000)])
@@ -435,6 +445,7 @@ def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @needs_gluon
 @pytest.mark.parametrize("scale", [1.0, -0.5])
 def test_gpu_smem_cluster_rows_off_lines(scale):
@@ -486,6 +497,7 @@ def test_smem_backward_keeps_given_and_stored_configs_as_they_are():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("clusters", "smem")
 @needs_gluon
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gpu_smem_backward_through_autograd_in_cluster_mode(dtype):

@@ -2,18 +2,17 @@
 
 import pytest
 import torch
-from synthetic_devices import GFX942, SM89, SM90, meta_problem
+from synthetic_devices import GFX942, GFX1201, SM89, SM90, meta_problem
 
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
-from tritonsoftmax.device import DeviceInfo, gpu_slug, warp_size_for_arch
+from tritonsoftmax.device import gpu_slug, warp_size_for_arch
 from tritonsoftmax.kernels import ALL_FAMILY_NAMES, FAMILY_NAMES, family, fused, gluon_available
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import whole_vectors
 from tritonsoftmax.policy import policy_for
 
 SM90_RELOAD = policy_for(SM90).reload  # the H200's measured reload configs (tune_cache/cuda/sm_90.yaml)
-GFX1201 = DeviceInfo("hip", "gfx1201", "AMD Radeon RX 9070 XT", 32, 64, 65536, 98304, 8 * 2**20)
 DEVICES = [SM90, GFX942, GFX1201]
 
 

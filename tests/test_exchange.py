@@ -143,8 +143,11 @@ GPU_CASES = [
 ]
 
 
+GPU_PARAMS = [pytest.param(*c, marks=[pytest.mark.needs("smem")] if c[0] == "smem" else []) for c in GPU_CASES]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,backward,dtype,M,N,config,forced", GPU_CASES,
+@pytest.mark.parametrize("name,backward,dtype,M,N,config,forced", GPU_PARAMS,
                          ids=[f"{c[0]}{'-bwd' if c[1] else ''}-{str(c[2])[6:]}-{c[3]}x{c[4]}{'-forced' if c[6] else ''}"
                               for c in GPU_CASES])
 def test_per_word_departure_on_the_gpu(monkeypatch, name, backward, dtype, M, N, config, forced):

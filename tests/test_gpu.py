@@ -132,6 +132,7 @@ def test_launch_hooks_fire_on_warm_calls():
     assert_softmax_close(y, x)
 
 
+@pytest.mark.needs("cooperative")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (1, 131072), (8, 131072), (3, 2000003), (1, 8388608)])
 def test_coop_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
@@ -199,6 +200,7 @@ def test_compiles_say_their_fp_fusion():
     (4, 1048576, None, 1),
     (3, 300007, None, 1),
 ])
+@pytest.mark.needs("pdl")
 def test_split_dependent_launch_never_reads_stale_partials(M, N, config, tiles):
     """Pass 2 starts before pass 1 ends (PDL) and must wait for its partials: with the input changed
     before each launch, every result equals the two plain launches' result, element for element.
@@ -226,6 +228,7 @@ def test_split_dependent_launch_never_reads_stale_partials(M, N, config, tiles):
     assert_softmax_close(got, x)
 
 
+@pytest.mark.needs("cooperative")
 def test_coop_refused_cooperative_launch_falls_back_to_tickets(monkeypatch):
     """Should the occupancy estimate be high (another GPU, another driver), the driver refuses the
     cooperative launch, nothing runs, and the ticketed launch takes over with the right result."""

@@ -655,6 +655,7 @@ def test_rows_of_one_element_run_coop_without_starting_the_smem_kernel(dtype):
 # --- on the GPU ---
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (64, 262144), (1000, 40960), (8, 131072),
                                  (2, 1048576), (1, 131072), (17, 32776), (300, 50264), (64, 131080)])
@@ -668,6 +669,7 @@ def test_matches_float64(M, N, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype,M,N,groups", [
     (torch.float32, 24, 152064, 8), (torch.bfloat16, 48, 152064, 8), (torch.float16, 16, 400000, None),
     (torch.bfloat16, 96, 100000, 8), (torch.float32, 20, 152064, 4), (torch.float32, 30, 152064, 8),
@@ -691,6 +693,7 @@ def test_staggered_launches_through_auto_match_float64(dtype, M, N, groups):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("scale", [-1.0, 0.0, 3.0])
 def test_any_scale_with_a_masked_last_chunk(scale, dtype):
@@ -702,6 +705,7 @@ def test_any_scale_with_a_masked_last_chunk(scale, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("config", [
     LaunchConfig.make(4, BLOCK=2048, TILES=4, BLOCK_G=8), LaunchConfig.make(8, BLOCK=8192, TILES=4, BLOCK_G=2),
     LaunchConfig.make(8, BLOCK=2048, TILES=16, BLOCK_G=2)], ids=str)
@@ -713,6 +717,7 @@ def test_every_kind_of_config(config):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("scale", [0.25, -0.5])
 @pytest.mark.parametrize("log", [False, True])
@@ -747,6 +752,7 @@ def test_scale_log_and_extreme_values(N, log, scale, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype,N,lead", [(torch.bfloat16, 50264, 56), (torch.float16, 12008, 56),
                                           (torch.float32, 50180, 28)], ids=str)
 @pytest.mark.parametrize("scale", [1.0, -0.5])
@@ -784,6 +790,7 @@ def test_rows_off_lines_start_their_chunks_on_lines(dtype, N, lead, scale, log):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("case", ["padded-aligned", "padded-odd", "offset-base", "odd-n", "strided-cols"])
 def test_layouts_it_cannot_copy_run_coop_and_the_rest_run_smem(case):
     M, N = 64, 65536
@@ -826,6 +833,7 @@ def assert_only_rows_written(rows: torch.Tensor, buffer: torch.Tensor) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("M,N,pad", [(64, 100003, 0), (37, 50257, 0), (33, 65536, 3), (24, 12345, 5),
                                      (4, 1000001, 0), (16, 65538, 0)])
@@ -875,6 +883,7 @@ def test_odd_rows_run_smem_and_write_nothing_outside_them(dtype, M, N, pad, log)
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 50257), (64, 100003)])
 def test_dense_odd_rows_run_smem_through_auto_and_autograd(dtype, M, N):
@@ -894,6 +903,7 @@ def assert_auto_softmax_and_gradient_match(M: int, N: int, dtype: torch.dtype) -
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 16383), (1024, 20001), (4096, 32767), (1024, 32000), (300, 32768)])
 def test_16bit_rows_of_the_16k_and_32k_buckets_run_smem_through_auto_both_ways(dtype, M, N):
@@ -907,6 +917,7 @@ def test_16bit_rows_of_the_16k_and_32k_buckets_run_smem_through_auto_both_ways(d
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (8, 131072), (3, 1000000)])
 def test_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
@@ -926,6 +937,7 @@ def test_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 def test_more_than_2_pow_31_elements():
     M, N = 32769, 65536  # 2^31 + 65536 elements, bf16: 4 GiB in, 4 GiB out
     x = torch.empty(M, N, device=DEVICE, dtype=torch.bfloat16).normal_(0, 3)
@@ -939,6 +951,7 @@ def test_more_than_2_pow_31_elements():
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_auto_runs_smem_forward_and_backward(dtype):
     """512x65536 through autograd: smem forward and smem-bwd (16-bit; fp32 by the many-row rule of
@@ -955,6 +968,7 @@ def test_auto_runs_smem_forward_and_backward(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("M,N,impl", [(2, 1048576, "smem"), (16, 524288, "smem"), (4, 1048576, "coop")])
 def test_auto_runs_the_fp32_backward_of_rows_from_512k_through_smem_unless_coop_holds_all(M, N, impl):
     """Through autograd, as a user calls it: the forward as before, the backward by dispatch's
@@ -971,6 +985,7 @@ def test_auto_runs_the_fp32_backward_of_rows_from_512k_through_smem_unless_coop_
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("M,N,impl", [(24, 1048576, "smem"), (8, 2097152, "smem"), (16, 524288, "coop")])
 def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_holds(M, N, impl):
     x = random_input((M, N), torch.float32, DEVICE, seed=M + 7)
@@ -981,6 +996,7 @@ def test_auto_runs_few_fp32_rows_from_512k_through_smem_beyond_twice_what_coop_h
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("M,N,dtype,forward_impl,backward_impl", [
     (600, 16384, torch.bfloat16, "fused", "smem"), (1024, 16384, torch.float16, "smem", "fused"),
     (264, 24576, torch.float16, "smem", "smem"),
@@ -1011,6 +1027,7 @@ def test_auto_runs_many_16bit_rows_of_8k_to_32k_as_one_smem_chunk(M, N, dtype, f
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("N", [16392, 16896])
 def test_auto_runs_many_16bit_rows_just_past_16k_through_smem(N, dtype):
@@ -1035,6 +1052,7 @@ def saved_output_and_gradient(M: int, N: int, dtype: torch.dtype, seed: int, log
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (300, 50176), (8, 131072), (1, 131072), (32, 152064),
                                  (2, 2097152), (17, 32776), (300, 50264), (64, 131080)])
@@ -1050,6 +1068,7 @@ def test_backward_matches_float64(M, N, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("scale", [-0.5, 0.0, 3.0])
 @pytest.mark.parametrize("log", [False, True])
@@ -1064,6 +1083,7 @@ def test_backward_log_and_scale_with_a_masked_last_chunk(log, scale, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("case", ["padded-aligned", "padded-odd", "offset-base", "odd-n"])
 def test_backward_layouts_it_cannot_copy_run_coops_backward(case):
     M, N = 64, 65536 + (4 if case == "odd-n" else 0)
@@ -1087,6 +1107,7 @@ def test_backward_layouts_it_cannot_copy_run_coops_backward(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("M,N", [(4096, 65536), (8, 131072), (3, 1000000)])
 def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype):
@@ -1109,6 +1130,7 @@ def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype)
 
 
 @pytest.mark.gpu
+@pytest.mark.needs("smem")
 @pytest.mark.parametrize("M,N,dtype", [(8, 1048576, torch.bfloat16), (48, 131072, torch.float16),
                                        (2, 4194304, torch.bfloat16), (100, 65536, torch.float16)], ids=str)
 def test_auto_runs_smem_for_few_16bit_rows_beyond_coops_capacity(M, N, dtype):

@@ -121,6 +121,7 @@ def test_only_coops_forward_staggers_and_a_named_stagger_is_kept():
         assert not smem.FAMILY.staggers and not smem.BWD_FAMILY.staggers
 
 
+@pytest.mark.needs("cooperative", "stagger")
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,dtype", [(8, 262144, torch.float32), (2, 1048576, torch.float32),
                                        (16, 152064, torch.float32)], ids=str)

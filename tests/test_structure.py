@@ -64,3 +64,53 @@ def test_no_import_circle_at_module_level():
 def test_no_module_over_500_lines():
     long = {p.name: n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+def _would_run(arch: str, tmp_path) -> list[str]:
+    """The GPU tests (node ids) that would run on the synthetic device of ``arch``: the suite collected with
+    TRITONSOFTMAX_TEST_AS, conftest writing the list to TRITONSOFTMAX_TEST_LIST."""
+    import os
+    import subprocess
+    import sys
+
+    listing = tmp_path / f"{arch}.txt"
+    env = {**os.environ, "TRITONSOFTMAX_TEST_AS": arch, "TRITONSOFTMAX_TEST_LIST": str(listing)}
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"]
+    done = subprocess.run(command, cwd=PACKAGE.parent, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return listing.read_text().split()
+
+
+def _code_of(fn) -> str:
+    """A function's statements: not its decorators (parameters a needs() mark may cover), not its docstring."""
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return "\n".join(ast.unparse(stmt) for stmt in body)
+
+
+def test_the_gpu_tests_left_on_an_amd_device_use_nothing_nvidia_only(tmp_path):
+    """Collected as on an MI300X (gfx942, wave64) and an RX 9070 XT (gfx1201, wave32), the GPU tests that would run
+    name nothing only NVIDIA has (tests/capabilities.NVIDIA_ONLY: resident launches, clusters, PDL, smem, CUPTI,
+    Triton's CUDA launcher, the stagger, the H200's table): those carry a needs() mark and are skipped there. The
+    H200 runs them all."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(PACKAGE.parent / "tests"))
+    from capabilities import NVIDIA_ONLY
+
+    h200 = set(_would_run("sm_90", tmp_path))
+    for arch in ("gfx942", "gfx1201"):
+        runs = _would_run(arch, tmp_path)
+        assert runs and set(runs) < h200, arch
+        for node in runs:
+            path, name = node.split("::")[:2]
+            module = importlib.import_module(Path(path).stem)
+            word = NVIDIA_ONLY.search(_code_of(getattr(module, name.split("[")[0])))
+            assert word is None, f"{node} would run on {arch} but uses {word.group(0)!r}"
+        print(f"{arch}: {len(runs)} of {len(h200)} GPU tests would run")

@@ -308,6 +308,7 @@ RELOAD_SHAPES = [(dt, block) for dt in (torch.float32, torch.bfloat16, torch.flo
                  for block in SM90_RELOAD["rows"][dt.itemsize]]
 
 
+@pytest.mark.needs("sm90_table")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,block", RELOAD_SHAPES, ids=str)
 @pytest.mark.parametrize("log", [False, True])
@@ -334,6 +335,7 @@ DENSE_SHAPES = [(dt, block, rows) for dt in (torch.bfloat16, torch.float16)
                 for block, (rows, _) in SM90_RELOAD["dense_rows"][dt.itemsize].items()]
 
 
+@pytest.mark.needs("sm90_table")
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,block,rows", DENSE_SHAPES, ids=str)
 @pytest.mark.parametrize("log", [False, True])
@@ -365,7 +367,7 @@ def test_gpu_backward_of_dense_rows_with_the_dense_config(dtype, block, rows, lo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "coop", "split", "smem"])
+@pytest.mark.parametrize("impl", ["auto", "coop", "split", pytest.param("smem", marks=pytest.mark.needs("smem"))])
 @pytest.mark.parametrize("M,N", [(64, 1000), (4, 1048576)])
 def test_cuda_graph_capture_and_replay_forward_and_backward(M, N, impl):
     x = random_input((M, N), torch.float32, DEVICE).requires_grad_()

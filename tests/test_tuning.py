@@ -431,6 +431,7 @@ def test_tuner_backward_writes_bwd_entries_that_dispatch_uses(tmp_path, monkeypa
     assert p.from_store and p.family.name == "online-bwd"
 
 
+@pytest.mark.needs("sm90_table")
 @pytest.mark.gpu
 def test_committed_table_first_call_for_a_new_shape_does_no_benchmarking(monkeypatch):
     from tritonsoftmax.kernels import kernel_family
