@@ -232,19 +232,75 @@ def test_modules_match_the_functions():
     assert "dim=0" in repr(tritonsoftmax.Softmax(dim=0))
 
 
-def test_patch_torch_restores_everything_even_on_error():
-    originals = (torch.softmax, F.softmax, torch.Tensor.softmax, torch.log_softmax, F.log_softmax,
-                 torch.Tensor.log_softmax)
+def _spy(monkeypatch):
+    """Record each forward (its log flag) and backward that reaches tritonsoftmax's execute module."""
+    from tritonsoftmax import execute
+
+    calls = []
+    forward, backward = execute.forward, execute.backward
+    monkeypatch.setattr(execute, "forward", lambda *a: calls.append(("fwd", a[-2])) or forward(*a))
+    monkeypatch.setattr(execute, "backward", lambda *a: calls.append(("bwd", a[-2])) or backward(*a))
+    return calls
+
+
+def test_patch_torch_routes_every_softmax_through_the_operator_registry(monkeypatch):
+    """Inside the block torch.softmax, Tensor.softmax, nn.Softmax, nn.LogSoftmax, F.softmin and F.cross_entropy (its
+    log_softmax is inside ATen) run ours forward, and torch's autograd formulas call our backward; every result and
+    gradient matches float64. (CPU tensors under the Triton interpreter here; GPU tensors always.)"""
+    calls = _spy(monkeypatch)
+    x = random_input((6, 300), torch.float32, DEVICE, seed=1).requires_grad_()
+    target = torch.randint(0, 300, (6,), device=DEVICE)
+    xd = x.detach().double().requires_grad_()
+    with tritonsoftmax.patch_torch():
+        outs = [torch.softmax(x, -1), x.softmax(0), torch.nn.Softmax(dim=1)(x), torch.nn.LogSoftmax(dim=1)(x),
+                F.softmin(x, 1)]
+        loss = F.cross_entropy(x, target)
+        (loss + sum(o.sum() * 0.5 for o in outs)).backward()
+    assert [c for c in calls if c[0] == "fwd"] == [("fwd", False)] * 3 + [("fwd", True), ("fwd", False),
+                                                                         ("fwd", True)]
+    assert ("bwd", True) in calls and ("bwd", False) in calls
+    want = [torch.softmax(xd, -1), xd.softmax(0), torch.softmax(xd, 1), torch.log_softmax(xd, 1),
+            torch.softmax(-xd, 1)]
+    for got, ref in zip(outs, want, strict=True):  # fp32 against float64, every element
+        torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+    ref_loss = F.cross_entropy(xd, target)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-5 * max(1.0, abs(ref_loss.item()))
+    (ref_loss + sum(o.sum() * 0.5 for o in want)).backward()
+    torch.testing.assert_close(x.grad.double(), xd.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_patch_torch_keeps_half_to_float_and_leaves_float64_to_torch(monkeypatch, dtype):
+    """aten::_softmax's half_to_float gives a float32 output of a 16-bit input (what softmax(x, dtype=float32) asks of
+    a GPU kernel); float64, 0-dim and empty tensors are computed from other torch operators, exactly, without
+    calling back into the overridden ones."""
+    calls = _spy(monkeypatch)
+    x = random_input((5, 70), dtype, DEVICE, seed=2)
+    with tritonsoftmax.patch_torch():
+        y = torch._softmax(x, -1, True)
+        lg = torch._log_softmax(x, 1, True)
+        d = torch.randn(5, 70, dtype=torch.float64, device=DEVICE)
+        yd, ld = torch.softmax(d, -1), torch.log_softmax(d, 0)
+        scalar, empty = torch.softmax(torch.tensor(3.0, device=DEVICE), 0), torch.softmax(x[:0], -1)
+    assert y.dtype == lg.dtype == torch.float32 and calls == [("fwd", False), ("fwd", True)]
+    assert (y.double() - torch.softmax(x.double(), -1)).abs().max().item() <= 1e-6
+    assert (lg.double() - torch.log_softmax(x.double(), 1)).abs().max().item() <= 1e-5
+    assert torch.allclose(yd, torch.softmax(d, -1), atol=1e-15) and torch.allclose(ld, torch.log_softmax(d, 0))
+    assert scalar.item() == 1.0 and empty.shape == (0, 70)
+
+
+def test_patch_torch_restores_torchs_kernels_even_on_error(monkeypatch):
+    """After the block, also one left by an exception, softmax runs torch's kernel again (nothing reaches ours)."""
+    calls = _spy(monkeypatch)
+    x = random_input((3, 50), torch.float32, DEVICE, seed=3)
     with pytest.raises(RuntimeError, match="boom"):
         with tritonsoftmax.patch_torch():
-            assert torch.softmax is not originals[0] and torch.Tensor.log_softmax is not originals[5]
-            x = torch.randn(3, 5)  # a CPU tensor stays torch's
-            torch.testing.assert_close(torch.softmax(x, 1), originals[0](x, 1))
-            torch.testing.assert_close(x.log_softmax(-1), originals[5](x, -1))
-            torch.testing.assert_close(F.softmax(x, dim=0), originals[1](x, dim=0))
+            torch.softmax(x, 1)
             raise RuntimeError("boom")
-    assert (torch.softmax, F.softmax, torch.Tensor.softmax, torch.log_softmax, F.log_softmax,
-            torch.Tensor.log_softmax) == originals
+    assert calls == [("fwd", False)]
+    y = torch.softmax(x, 1)
+    assert calls == [("fwd", False)]
+    torch.testing.assert_close(y, torch.exp(x - torch.logsumexp(x, 1, keepdim=True)))
 
 
 @pytest.mark.gpu

@@ -1,53 +1,94 @@
-"""``with tritonsoftmax.patch_torch(): ...``: route torch's softmax calls on GPU tensors to ours."""
+"""``with tritonsoftmax.patch_torch(): ...``: every softmax and log_softmax torch computes runs ours.
+
+Inside the block the operator registry's implementations of ``aten::_softmax``, ``aten::_log_softmax``,
+``aten::_softmax_backward_data`` and ``aten::_log_softmax_backward_data`` for GPU tensors (and, under the
+Triton interpreter, CPU tensors) are ours. Every caller reaches them: ``torch.softmax``, ``F.softmax``,
+``Tensor.softmax``, ``nn.Softmax``, ``F.softmin``, ``F.cross_entropy`` (log_softmax inside ATen), code that
+imported a function by name; and torch's own autograd formulas call our backward. On exit (also on error) the
+registrations are removed and torch's kernels are back.
+
+What our kernels do not take (float64, 0-dim and empty tensors, torch.func transforms) is computed here from
+other torch operators, never by calling the overridden ones (which would call back into this module).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import warnings
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 
-from .api import log_softmax, softmax
-from .execute import KERNEL_DTYPES
+from . import execute
+from .device import interpreter_active
 
-# (owner, attribute, log?) for every entry point that is rerouted.
-TARGETS = [(torch, "softmax", False), (F, "softmax", False), (torch.Tensor, "softmax", False),
-           (torch, "log_softmax", True), (F, "log_softmax", True), (torch.Tensor, "log_softmax", True)]
+OPERATORS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
 
 
-def _routed(original, log: bool):
-    ours = log_softmax if log else softmax
+def _ours_take(x: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether our kernels run this tensor (else the composite below computes it)."""
+    return (x.dtype in execute.KERNEL_DTYPES and out_dtype in execute.KERNEL_DTYPES and x.dim() > 0
+            and x.numel() > 0 and (x.device.type != "cpu" or interpreter_active())
+            and not execute.functorch_active())
 
-    @functools.wraps(original)
-    def wrapper(input, dim=None, *args, **kwargs):
-        # Ours takes fp32/fp16/bf16 GPU tensors with an int dim and an optional dtype; anything
-        # else (implicit dim, named dims, extra positional arguments, CPU tensors) stays torch's.
-        if (args or set(kwargs) - {"dtype", "_stacklevel"} or not isinstance(dim, int) or isinstance(dim, bool)
-                or not isinstance(input, torch.Tensor) or input.device.type == "cpu"
-                or input.dtype not in KERNEL_DTYPES):
-            return original(input, dim, *args, **kwargs)
-        return ours(input, dim, dtype=kwargs.get("dtype"))
 
-    return wrapper
+def _forward(log: bool):
+    def impl(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+        """aten::_softmax / _log_softmax: ``half_to_float`` returns float32 for a 16-bit input (torch's
+        softmax(x, dtype=float32) on the GPU)."""
+        out_dtype = torch.float32 if half_to_float else x.dtype
+        if _ours_take(x, out_dtype):
+            return execute.forward(x, dim, out_dtype if half_to_float else None, "auto", None, log, False)
+        z = x.to(out_dtype)
+        if log:
+            return z - torch.logsumexp(z, dim, keepdim=True) if z.dim() else torch.zeros_like(z)
+        e = torch.exp(z - torch.amax(z, dim, keepdim=True)) if z.dim() else torch.ones_like(z)
+        return e / e.sum(dim, keepdim=True) if z.dim() else e
+
+    return impl
+
+
+def _backward(log: bool):
+    def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
+        """aten::_softmax_backward_data / _log_softmax_backward_data: the gradient of the input (of
+        ``input_dtype``) from the incoming gradient and the saved output (execute.backward's formula, which also
+        computes what our kernels do not take, with other torch operators)."""
+        if output.dim() == 0:
+            return torch.zeros_like(output, dtype=input_dtype)
+        if execute.functorch_active():
+            g = grad.to(output.dtype)
+            dx = g - torch.exp(output) * g.sum(dim, keepdim=True) if log else \
+                output * (g - (g * output).sum(dim, keepdim=True))
+            return dx.to(input_dtype)
+        return execute.backward(grad, output, dim, "auto", 1.0, log, input_dtype)
+
+    return impl
+
+
+IMPLS = {"_softmax": _forward(False), "_log_softmax": _forward(True),
+         "_softmax_backward_data": _backward(False), "_log_softmax_backward_data": _backward(True)}
 
 
 @contextlib.contextmanager
 def patch_torch() -> Iterator[None]:
-    """Inside the block, ``torch.softmax``, ``F.softmax``, ``Tensor.softmax`` and the log variants
-    run tritonsoftmax for GPU tensors; on exit (also on error) the originals are restored.
+    """Inside the block, every softmax and log_softmax torch computes on a GPU tensor (on a CPU tensor too under
+    the Triton interpreter) runs tritonsoftmax, forward and backward, with torch's dtype rules; on exit (also on
+    error) torch's kernels are back.
 
     Example::
 
         >>> with tritonsoftmax.patch_torch():
-        ...     out = model(batch)      # the model's softmax calls run tritonsoftmax
+        ...     loss = F.cross_entropy(model(batch), target)   # its log_softmax runs tritonsoftmax
+        ...     loss.backward()
     """
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in TARGETS]
+    keys = ["CUDA"] + (["CPU"] if interpreter_active() else [])
+    lib = torch.library.Library("aten", "IMPL")
     try:
-        for (owner, name, log), (_, _, original) in zip(TARGETS, saved, strict=True):
-            setattr(owner, name, _routed(original, log))
+        with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            for key in keys:
+                for name in OPERATORS:
+                    lib.impl(name, IMPLS[name], key)
         yield
     finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+        lib._destroy()
