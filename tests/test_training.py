@@ -447,3 +447,21 @@ def test_cuda_graph_capture_and_replay_forward_and_backward(M, N, impl):
     yr.backward(dy.double())
     assert (y.double() - yr).abs().max().item() <= 2e-6
     assert (x.grad.double() - xr.grad).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_patch_torch_takes_a_second_derivative(log):
+    """Inside the block torch's own autograd formulas run (ours are the kernels beneath them), so a Hessian-vector
+    product through softmax or log_softmax works and matches float64."""
+    fn = torch.log_softmax if log else torch.softmax
+    x = random_input((3, 40), torch.float32, DEVICE, seed=5).requires_grad_()
+    w = random_input((3, 40), torch.float32, DEVICE, scale=1.0, seed=6)
+
+    def hvp(inp, weights):
+        (g,) = torch.autograd.grad((fn(inp, -1) * weights).sum(), inp, create_graph=True)
+        return torch.autograd.grad((g * weights).sum(), inp)[0]
+
+    with tritonsoftmax.patch_torch():
+        got = hvp(x, w)
+    want = hvp(x.detach().double().requires_grad_(), w.double())
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
