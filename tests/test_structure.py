@@ -114,3 +114,12 @@ def test_the_gpu_tests_left_on_an_amd_device_use_nothing_nvidia_only(tmp_path):
             word = NVIDIA_ONLY.search(_code_of(getattr(module, name.split("[")[0])))
             assert word is None, f"{node} would run on {arch} but uses {word.group(0)!r}"
         print(f"{arch}: {len(runs)} of {len(h200)} GPU tests would run")
+
+
+def test_only_the_tuners_write_the_tuning_store():
+    """tuning.record / record_winner are called from the tuner modules only (tune.py, tune_dispatch.py)."""
+    import re
+
+    writers = {p.name for p in PACKAGE.rglob("*.py")
+               if p.name != "tuning.py" and re.search(r"tuning\.(record|record_winner)\(", p.read_text())}
+    assert writers <= {"tune.py", "tune_dispatch.py"}, writers

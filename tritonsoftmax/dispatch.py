@@ -16,7 +16,7 @@ import torch
 import triton
 
 from . import policy, tuning
-from .config import LaunchConfig, n_bucket, next_power_of_2, save_tuning_enabled
+from .config import LaunchConfig, n_bucket, next_power_of_2
 from .device import DeviceInfo, device_info
 from .kernels import (
     ALL_FAMILY_NAMES,
@@ -412,16 +412,6 @@ def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
     if p is None:
         p = _plans[key] = resolve(impl, M, N, dtype, device_info(device), backward, aligned, dense)
     return p
-
-
-def record_autotuned(launch) -> None:
-    """With TRITONSOFTMAX_TUNE_SAVE=1, write what a launch's first call autotuned (its config and time) to the
-    user's tuning table, so later processes launch it without tuning."""
-    if not getattr(launch, "autotuned", False) or not save_tuning_enabled():
-        return
-    p = launch.problem
-    tuning.record(tuning.user_dir(), launch.device, [(launch.family.name, p.dtype, p.N, p.M, launch.config,
-                                                      launch.autotuned_ms)], covers="autotuned on first use")
 
 
 def clear_cache() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, layout
+from . import dispatch, layout, tune
 from .device import interpreter_active
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -140,7 +140,7 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     if problem is not None:
         prepared = _prepare(problem, a, out, impl, flags, backward)
         prepared(a, out, *rest, scale)
-        dispatch.record_autotuned(prepared)
+        tune.record_autotuned(prepared)
         if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
             if len(_prepared) >= _PREPARED_MAX:
                 _prepared.clear()
@@ -151,7 +151,7 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     ot = torch.empty_like(at, dtype=out.dtype)
     prepared = _prepare(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)
     prepared(at, ot, *rt, scale)
-    dispatch.record_autotuned(prepared)
+    tune.record_autotuned(prepared)
     return out.copy_(ot.movedim(-1, dim))
 
 

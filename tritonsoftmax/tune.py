@@ -46,6 +46,20 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 ODD_BESIDE_MAX = 512
 
 
+def record_autotuned(launch) -> None:
+    """With TRITONSOFTMAX_TUNE_SAVE=1, write what a launch's first call autotuned (its config and time) to the
+    user's tuning table, so later processes launch it without tuning. (The tuner's modules are the only ones that
+    write tables.)"""
+    from . import tuning
+    from .config import save_tuning_enabled
+
+    if not getattr(launch, "autotuned", False) or not save_tuning_enabled():
+        return
+    p = launch.problem
+    tuning.record(tuning.user_dir(), launch.device, [(launch.family.name, p.dtype, p.N, p.M, launch.config,
+                                                      launch.autotuned_ms)], covers="autotuned on first use")
+
+
 def default_lengths(n_min: int, n_max: int, odd: bool = True) -> list[int]:
     """The row lengths a run without --n tunes: the bucket tops of n_min..n_max, and with ``odd`` beside each top
     of 8..ODD_BESIDE_MAX the odd length top - 3 (in the same bucket, so the two give one entry)."""
