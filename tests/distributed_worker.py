@@ -1,0 +1,72 @@
+"""One rank of the distributed tests (test_distributed.py spawns it): every check against torch on the whole
+tensor, which every rank builds from one seed and slices."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def _slices(width: list[int]) -> list[slice]:
+    out, start = [], 0
+    for w in width:
+        out.append(slice(start, start + w))
+        start += w
+    return out
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3}[dtype]
+    got, want = got.double(), want.double()
+    same_nan = torch.isnan(got) == torch.isnan(want)
+    assert bool(same_nan.all()), f"{what}: NaN where torch has none (or the other way)"
+    diff = torch.where(got == want, 0.0, (got - want).abs())[~torch.isnan(want)]  # equal infinities: no error
+    assert diff.numel() == 0 or diff.max().item() <= tol * max(1.0, want[~torch.isnan(want)].abs().max().item()), \
+        f"{what}: max error {diff.max().item()}"
+
+
+def run(rank: int, world: int, init: str, widths: list[int]) -> None:
+    import tritonsoftmax.distributed as tsd
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        mine = _slices(widths)[rank]
+        V = sum(widths)
+        for dtype in (torch.float32, torch.float16):
+            gen = torch.Generator().manual_seed(7)
+            x = (torch.randn(6, V, generator=gen) * 3).to(dtype)
+            x[1, _slices(widths)[0]] = float("-inf")  # a row all -inf in rank 0's slice only
+            x[2, :] = float("-inf")  # a row all -inf everywhere: NaN, as torch gives
+            dy = torch.randn(6, V, generator=gen).to(dtype)
+            for log in (False, True):
+                fn, ref = (tsd.log_softmax, torch.log_softmax) if log else (tsd.softmax, torch.softmax)
+                xl = x[:, mine].clone().requires_grad_()
+                y = fn(xl, -1, scale=0.5)
+                y.backward(dy[:, mine])
+                xw = x.double().requires_grad_()
+                yw = ref(xw * 0.5, -1)
+                yw.backward(dy.double())
+                _close(y, yw[:, mine], dtype, f"rank {rank} {dtype} log={log} forward")
+                rows = [0, 1, 3, 4, 5]  # the all -inf row's gradient is NaN in torch too
+                _close(xl.grad[rows], xw.grad[rows][:, mine], dtype, f"rank {rank} {dtype} log={log} backward")
+            target = torch.randint(0, V, (6,), generator=gen)
+            target[3] = -100
+            target[4] = V - 1  # on the last rank
+            xs = x.clone()
+            xs[2, :] = 0.0  # cross-entropy over finite logits
+            xs[1, :] = xs[1, :].nan_to_num(neginf=-1e4)
+            for reduction in ("mean", "sum", "none"):
+                for smoothing in (0.0, 0.1):
+                    xl = xs[:, mine].clone().requires_grad_()
+                    loss = tsd.cross_entropy(xl, target, reduction=reduction, label_smoothing=smoothing)
+                    (loss.sum() if reduction == "none" else loss).backward()
+                    xw = xs.double().requires_grad_()
+                    lw = F.cross_entropy(xw, target, reduction=reduction, label_smoothing=smoothing)
+                    (lw.sum() if reduction == "none" else lw).backward()
+                    what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
+                    _close(loss, lw, dtype, what)
+                    _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

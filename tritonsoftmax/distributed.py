@@ -1,0 +1,166 @@
+"""Softmax, log_softmax and cross-entropy over a dimension split across the ranks of a process group
+(vocabulary-parallel logits): each rank holds a slice of every row; the result is this rank's slice.
+
+    import tritonsoftmax.distributed as tsd
+    y = tsd.softmax(local_logits, dim=-1, group=tp_group)
+    loss = tsd.cross_entropy(local_logits, target, group=tp_group)   # target: indices into the whole vocabulary
+
+One pass over the slice for the per-row (max, sum-of-exp) pair, **one** collective (an all-gather of the pairs,
+combined on every rank: the same combine the split family does between its chunks), one pass to write. The
+backward needs one all-reduce of a per-row sum. Slices may differ in width (a slice of width 0 is fine).
+
+The passes are computed with torch operators for now (fp32 math whatever the input dtype); the collectives are
+``torch.distributed``'s, on whatever backend the group runs (NCCL, RCCL, gloo). Not yet under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["softmax", "log_softmax", "cross_entropy"]
+
+
+def _stats(z: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This slice's per-row max and sum of exp(z - max) (keepdim): (-inf, 0) for a row that is all -inf here."""
+    if z.shape[dim] == 0:
+        shape = list(z.shape)
+        shape[dim] = 1
+        return z.new_full(shape, float("-inf")), z.new_zeros(shape)
+    m = z.amax(dim, keepdim=True)
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return m, torch.exp(z - safe).sum(dim, keepdim=True)
+
+
+def _combine(m: torch.Tensor, s: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole row's (max, sum of exp(z - max)) from every rank's pair: one all-gather, combined locally."""
+    gathered = _all_gather(torch.stack([m, s]).contiguous(), group)
+    ms, ss = gathered[:, 0], gathered[:, 1]
+    top = ms.amax(0)
+    safe = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+    return top, (ss * torch.exp(ms - safe)).sum(0)
+
+
+def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``t`` (one shape on all ranks), stacked in rank order."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t, group=group)
+    return torch.stack(parts)
+
+
+def _shift(top: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+
+
+def _scaled(x: torch.Tensor, scale: float | None) -> torch.Tensor:
+    z = x.float()
+    return z if scale is None or scale == 1.0 else z * float(scale)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, out_dtype, scale, log):
+        z = _scaled(x, scale)
+        top, total = _combine(*_stats(z, dim), group)
+        if log:
+            y = z - _shift(top) - torch.log(total)
+        else:
+            y = torch.exp(z - _shift(top)) / total
+        ctx.dim, ctx.group, ctx.scale, ctx.log, ctx.in_dtype = dim, group, scale, log, x.dtype
+        ctx.save_for_backward(y)
+        return y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        g = dy.float()
+        # the one collective of the backward: a per-row sum over the whole row
+        part = g.sum(ctx.dim, keepdim=True) if ctx.log else (g * y).sum(ctx.dim, keepdim=True)
+        dist.all_reduce(part, group=ctx.group)
+        dz = g - torch.exp(y) * part if ctx.log else y * (g - part)
+        if ctx.scale is not None and ctx.scale != 1.0:
+            dz = dz * float(ctx.scale)
+        return dz.to(ctx.in_dtype), None, None, None, None, None
+
+
+def _check(x: torch.Tensor, dim: int) -> int:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() == 0:
+        raise ValueError("a 0-dim tensor has no dimension to split across ranks")
+    if not -x.dim() <= dim < x.dim():
+        raise IndexError(f"dim {dim} out of range for a {x.dim()}-dim tensor")
+    return dim % x.dim()
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, group=None, dtype: torch.dtype | None = None,
+            scale: float | None = None) -> torch.Tensor:
+    """This rank's slice of softmax(x_whole * scale) along ``dim``, where ``x`` is this rank's slice of x_whole
+    (the ranks' slices, in rank order, make the whole dimension). ``dtype``: the output's (default x's)."""
+    dim = _check(x, dim)
+    return _Softmax.apply(x, dim, group, dtype or x.dtype, scale, False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, group=None, dtype: torch.dtype | None = None,
+                scale: float | None = None) -> torch.Tensor:
+    """This rank's slice of log_softmax(x_whole * scale) along ``dim`` (see :func:`softmax`)."""
+    dim = _check(x, dim)
+    return _Softmax.apply(x, dim, group, dtype or x.dtype, scale, True)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
+        z = logits.float()
+        widths = _all_gather(torch.tensor([z.shape[1]], device=z.device, dtype=torch.int64), group).flatten()
+        rank = dist.get_rank(group)
+        start, vocab = int(widths[:rank].sum()), int(widths.sum())
+        top, total = _combine(*_stats(z, 1), group)
+        lse = (_shift(top) + torch.log(total)).squeeze(1)
+        valid = target != ignore_index
+        local = valid & (target >= start) & (target < start + z.shape[1])
+        picked = torch.zeros_like(lse)
+        rows = local.nonzero().squeeze(1)
+        picked[rows] = z[rows, target[rows] - start]
+        sums = torch.stack([picked, z.sum(1)])  # the target's logit (on its rank) and the row's sum, over the row
+        dist.all_reduce(sums, group=group)
+        loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab)
+        loss = torch.where(valid, loss, torch.zeros_like(loss))
+        count = valid.sum()
+        ctx.save_for_backward(logits, lse, target, valid, count)
+        ctx.start, ctx.vocab, ctx.smoothing, ctx.reduction = start, vocab, smoothing, reduction
+        if reduction == "none":
+            return loss.to(logits.dtype)
+        out = loss.sum()
+        return (out / count if reduction == "mean" else out).to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, target, valid, count = ctx.saved_tensors
+        g = grad.float()
+        if ctx.reduction == "mean":
+            g = (g / count).expand(lse.shape)
+        elif ctx.reduction == "sum":
+            g = g.expand(lse.shape)
+        g = torch.where(valid, g, torch.zeros_like(g))
+        dz = torch.exp(logits.float() - lse[:, None])  # the softmax, written where the gradient goes
+        dz -= ctx.smoothing / ctx.vocab
+        rows = (valid & (target >= ctx.start) & (target < ctx.start + logits.shape[1])).nonzero().squeeze(1)
+        dz[rows, target[rows] - ctx.start] -= 1.0 - ctx.smoothing
+        dz *= g[:, None]
+        return dz.to(logits.dtype), None, None, None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, group=None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy`` of the whole logits, from this rank's vocabulary slice: ``logits`` (rows, this rank's
+    columns), ``target`` (rows,) indices into the whole vocabulary (ranks' slices in rank order). The logits are
+    never gathered; the gradient is this rank's slice."""
+    if logits.dim() != 2 or target.shape != logits.shape[:1]:
+        raise ValueError(f"expected logits (rows, columns) and target (rows,), got {tuple(logits.shape)} and "
+                         f"{tuple(target.shape)}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    return _CrossEntropy.apply(logits, target, group, ignore_index, reduction, float(label_smoothing))
