@@ -28,8 +28,7 @@ def _stats(z: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape[dim] = 1
         return z.new_full(shape, float("-inf")), z.new_zeros(shape)
     m = z.amax(dim, keepdim=True)
-    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    return m, torch.exp(z - safe).sum(dim, keepdim=True)
+    return m, torch.exp(z - _shift(m)).sum(dim, keepdim=True)
 
 
 def _combine(m: torch.Tensor, s: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,8 +36,7 @@ def _combine(m: torch.Tensor, s: torch.Tensor, group) -> tuple[torch.Tensor, tor
     gathered = _all_gather(torch.stack([m, s]).contiguous(), group)
     ms, ss = gathered[:, 0], gathered[:, 1]
     top = ms.amax(0)
-    safe = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
-    return top, (ss * torch.exp(ms - safe)).sum(0)
+    return top, (ss * torch.exp(ms - _shift(top))).sum(0)
 
 
 def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
@@ -49,6 +47,7 @@ def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def _shift(top: torch.Tensor) -> torch.Tensor:
+    """A row maximum to subtract: 0 where the row (or slice) is all -inf, so that exp gives 0, not NaN."""
     return torch.where(torch.isneginf(top), torch.zeros_like(top), top)
 
 

@@ -169,7 +169,7 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
     scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""
     dim = normalize_dim(dim, y.dim())
     if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
-            or (y.device.type == "cpu" and not interpreter_active())):
+            or (y.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         dyf, yf = dy.to(y.dtype), y
         if log:
             dx = scale * (dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True))

@@ -51,15 +51,10 @@ def _forward(log: bool):
 def _backward(log: bool):
     def impl(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype) -> torch.Tensor:
         """aten::_softmax_backward_data / _log_softmax_backward_data: the gradient of the input (of
-        ``input_dtype``) from the incoming gradient and the saved output (execute.backward's formula, which also
-        computes what our kernels do not take, with other torch operators)."""
+        ``input_dtype``) from the incoming gradient and the saved output: execute.backward, which computes what our
+        kernels do not take (float64, torch.func wrappers) with other torch operators."""
         if output.dim() == 0:
             return torch.zeros_like(output, dtype=input_dtype)
-        if execute.functorch_active():
-            g = grad.to(output.dtype)
-            dx = g - torch.exp(output) * g.sum(dim, keepdim=True) if log else \
-                output * (g - (g * output).sum(dim, keepdim=True))
-            return dx.to(input_dtype)
         return execute.backward(grad, output, dim, "auto", 1.0, log, input_dtype)
 
     return impl
