@@ -15,6 +15,7 @@ from pathlib import Path
 
 SUMMARY = "summary.md"
 HTML = "results.html"
+MAX_TICKS = 24  # an axis with more x values labels the powers of two below them instead
 
 
 def parts(out: Path) -> list[dict]:
@@ -36,8 +37,25 @@ def latest_points(out: Path) -> list[dict]:
     latest: dict[tuple, dict] = {}
     for i, part in enumerate(parts(out), 1):
         for pt in part["points"]:
-            latest[(pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i, "meta": part["meta"]}
+            mode = mode_of(part["meta"])
+            latest[(mode, pt["plot"], pt["dtype"], pt["M"], pt["N"])] = {**pt, "run": i, "meta": part["meta"],
+                                                                           "mode": mode}
     return sorted(latest.values(), key=lambda pt: (pt["N"], pt["M"]))
+
+
+def groups(points: list[dict]) -> list[tuple[str, str, str, list[dict]]]:
+    """(mode, plot, dtype, points) for each table and plot of a folder, in the order first measured; a folder
+    holding both directions (the every-n suite) gives each its own."""
+    keys = dict.fromkeys((pt["mode"], pt["plot"], pt["dtype"]) for pt in points)
+    return [(m, p, d, [pt for pt in points if (pt["mode"], pt["plot"], pt["dtype"]) == (m, p, d)])
+            for m, p, d in sorted(keys, key=lambda k: k[0] == "bwd")]
+
+
+def _direction_words(points: list[dict], mode: str) -> tuple[str, str]:
+    """A heading's and a file name's direction suffix where a folder holds both directions; else nothing."""
+    if len({pt["mode"] for pt in points}) < 2:
+        return "", ""
+    return (", backward", "-bwd") if mode == "bwd" else (", forward", "-fwd")
 
 
 def best_peer(gbps_by_provider: dict) -> tuple[str, float] | None:
@@ -91,34 +109,56 @@ def write_summary(out: Path) -> str:
               "copy; in the backward, copy is a two-input add); `vs previous` = tritonsoftmax (auto) / the previous "
               "version of the package (bench.baseline), where measured."]
     points = latest_points(out)
-    for plot in dict.fromkeys(pt["plot"] for pt in points):
-        for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
-            pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
-            names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
-            ran = any(auto_families(pt) for pt in pts)
-            peers = any(best_peer(pt["gbps"]) for pt in pts)
-            head = ["M×N"] + (["auto ran"] if ran else []) + [LABELS[n] for n in names]
-            previous = "previous" in names
-            head += (["best peer", "vs best"] if peers else []) + (["vs previous"] if previous else []) + ["run"]
-            lines += ["", f"## {plot}, {dname}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-            for pt in pts:
-                cells = [f"{pt['M']}×{pt['N']}"] + ([auto_families(pt) or "–"] if ran else [])
-                cells += [fmt_gbps(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
-                if peers:
-                    best = best_peer(pt["gbps"])
-                    ours = pt["gbps"].get("auto")
-                    cells += [LABELS[best[0]] + " " + fmt_gbps(best[1]) if best else "–",
-                              f"{ours / best[1]:.2f}" if ours and best else "–"]
-                if previous:
-                    ours, before = pt["gbps"].get("auto"), pt["gbps"].get("previous")
-                    cells.append(f"{ours / before:.3f}" if ours and before else "–")
-                lines.append("| " + " | ".join(cells + [str(pt["run"])]) + " |")
+    for mode, plot, dname, pts in groups(points):
+        names = [n for n in ALL if any(n in pt["gbps"] for pt in pts)]
+        ran = any(auto_families(pt) for pt in pts)
+        peers = any(best_peer(pt["gbps"]) for pt in pts)
+        head = ["M×N"] + (["auto ran"] if ran else []) + [LABELS[n] for n in names]
+        previous = "previous" in names
+        head += (["best peer", "vs best"] if peers else []) + (["vs previous"] if previous else []) + ["run"]
+        heading = f"## {plot}, {dname}{_direction_words(points, mode)[0]}"
+        lines += ["", heading, ""] + _ratio_digest(pts)
+        lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for pt in pts:
+            cells = [f"{pt['M']}×{pt['N']}"] + ([auto_families(pt) or "–"] if ran else [])
+            cells += [fmt_gbps(pt["gbps"][n]) if n in pt["gbps"] else "–" for n in names]
+            if peers:
+                best = best_peer(pt["gbps"])
+                ours = pt["gbps"].get("auto")
+                cells += [LABELS[best[0]] + " " + fmt_gbps(best[1]) if best else "–",
+                          f"{ours / best[1]:.2f}" if ours and best else "–"]
+            if previous:
+                ours, before = pt["gbps"].get("auto"), pt["gbps"].get("previous")
+                cells.append(f"{ours / before:.3f}" if ours and before else "–")
+            lines.append("| " + " | ".join(cells + [str(pt["run"])]) + " |")
     skipped = skipped_lines({k: v for p in found for k, v in p["meta"]["skipped"].items()})
     if skipped:
         lines += ["", "## Skipped points", ""] + [f"- {line}" for line in skipped]
     text = "\n".join(lines) + "\n"
     (out / SUMMARY).write_text(text)
     return text
+
+
+def vs_best(pt: dict) -> float | None:
+    """tritonsoftmax (auto) / the best peer at a point, where both were measured."""
+    best, ours = best_peer(pt["gbps"]), pt["gbps"].get("auto")
+    return ours / best[1] if ours and best else None
+
+
+# The share of the best peer's speed the package aims for at every point (the every-n target).
+TARGET_VS_BEST = 0.97
+
+
+def _ratio_digest(pts: list[dict]) -> list[str]:
+    """One line over a table of ten points or more with peers: how many reach TARGET_VS_BEST of the best peer,
+    the median and the worst; nothing otherwise."""
+    ratios = sorted(r for r in map(vs_best, pts) if r is not None)
+    if len(ratios) < 10:
+        return []
+    worst = min((pt for pt in pts if vs_best(pt) is not None), key=vs_best)
+    reach = sum(r >= TARGET_VS_BEST for r in ratios)
+    return [f"vs best: {reach} of {len(ratios)} points at {TARGET_VS_BEST} or more; median "
+            f"{ratios[len(ratios) // 2]:.2f}, worst {ratios[0]:.2f} ({worst['M']}×{worst['N']}).", ""]
 
 
 def auto_families(pt: dict) -> str:
@@ -154,20 +194,19 @@ def plot_all(out: Path, specs: dict) -> list[Path]:
     ``x`` axis, "N", "M" or "point"), then ``results.html``; returns the PNGs."""
     points = latest_points(out)
     pngs = []
-    for plot in dict.fromkeys(pt["plot"] for pt in points):
+    for mode, plot, dname, pts in groups(points):
         x_name = specs.get(plot, {}).get("x", "point")
-        for dname in dict.fromkeys(pt["dtype"] for pt in points if pt["plot"] == plot):
-            pts = [pt for pt in points if pt["plot"] == plot and pt["dtype"] == dname]
-            if x_name != "point":  # one point per x value, in order
-                pts = sorted({pt[x_name]: pt for pt in pts}.values(), key=lambda pt: pt[x_name])
-            pngs.append(_plot_one(out, plot, dname, x_name, pts))
+        if x_name != "point":  # one point per x value, in order
+            pts = sorted({pt[x_name]: pt for pt in pts}.values(), key=lambda pt: pt[x_name])
+        pngs.append(_plot_one(out, plot, dname, x_name, pts, _direction_words(points, mode)[1]))
     write_html(out, pngs)
     return pngs
 
 
-def _plot_one(out: Path, plot: str, dname: str, x_name: str, pts: list[dict]) -> Path:
-    """``<plot>-<dtype>.csv`` through perf_report, and ``<plot>-<dtype>.png``: GB/s on a log axis against N, M or
-    the point, ours in bold, the copy (the bandwidth ceiling) dashed black, titled with GPU, dtype and direction."""
+def _plot_one(out: Path, plot: str, dname: str, x_name: str, pts: list[dict], suffix: str = "") -> Path:
+    """``<plot>-<dtype><suffix>.csv`` through perf_report, and its ``.png``: GB/s on a log axis against N, M or
+    the point, ours in bold, the copy (the bandwidth ceiling) dashed black, titled with GPU, dtype and direction;
+    below it, where peers ran, ours / the best peer with the TARGET_VS_BEST line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,10 +228,23 @@ def _plot_one(out: Path, plot: str, dname: str, x_name: str, pts: list[dict]) ->
         return float("nan") if value is None else value
 
     df = report.run(return_df=True)
-    stem = f"{plot}-{dname}"
+    stem = f"{plot}-{dname}{suffix}"
     df.to_csv(out / f"{stem}.csv", float_format="%.6f", index=False)
 
-    fig, ax = plt.subplots(figsize=(10, 5.2))
+    ratios = [vs_best(pt) for pt in pts]
+    xs = range(len(x_vals)) if x_name == "point" else x_vals
+    if any(r is not None for r in ratios):
+        fig, (ax, ax_r) = plt.subplots(2, 1, figsize=(10, 7.0), sharex=True, height_ratios=(3, 1.2))
+        ax_r.plot(xs, [float("nan") if r is None else r for r in ratios], color="C0", lw=1.6, marker="o", ms=3)
+        ax_r.axhline(1.0, color="black", lw=0.8)
+        ax_r.axhline(TARGET_VS_BEST, color="C3", lw=1.0, ls="--", label=f"{TARGET_VS_BEST}")
+        ax_r.set_ylabel("ours / best peer")
+        ax_r.grid(True, alpha=0.3)
+        ax_r.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        ax_x = ax_r
+    else:
+        fig, ax = plt.subplots(figsize=(10, 5.2))
+        ax_x = ax
     for i, name in enumerate(names):
         ys = df[f"{LABELS[name]} (GB/s)"].astype(float)
         if name == "auto":
@@ -204,23 +256,25 @@ def _plot_one(out: Path, plot: str, dname: str, x_name: str, pts: list[dict]) ->
         else:
             style = {"color": f"C{i % 10}", "lw": 1.4, "marker": ".", "ms": 4}
         label = "copy (bandwidth ceiling)" if name == "copy" else LABELS[name]
-        ax.plot(range(len(x_vals)) if x_name == "point" else x_vals, ys, label=label, **style)
+        ax.plot(xs, ys, label=label, **style)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylabel("GB/s (bytes read + written / time)")
     if x_name == "point":
-        ax.set_xticks(range(len(pts)), [f"{pt['M']}×{pt['N']}" for pt in pts], rotation=40, ha="right", fontsize=8)
-        ax.set_xlabel("M × N")
+        ax_x.set_xticks(range(len(pts)), [f"{pt['M']}×{pt['N']}" for pt in pts], rotation=40, ha="right",
+                        fontsize=8)
+        ax_x.set_xlabel("M × N")
     else:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(x_vals, [_size(v) for v in x_vals], fontsize=8)
-        ax.minorticks_off()
+        ax_x.set_xscale("log", base=2)
+        ticks = x_vals if len(x_vals) <= MAX_TICKS else sorted({1 << (v.bit_length() - 1) for v in x_vals})
+        ax_x.set_xticks(ticks, [_size(v) for v in ticks], fontsize=8)
+        ax_x.minorticks_off()
         fixed = {pt["M" if x_name == "N" else "N"] for pt in pts}
         other = "M" if x_name == "N" else "N"
-        ax.set_xlabel(f"{x_name} (row {'length' if x_name == 'N' else 'count'})"
-                      + (f", {other} = {_size(fixed.pop())}" if len(fixed) == 1 else ""))
+        ax_x.set_xlabel(f"{x_name} (row {'length' if x_name == 'N' else 'count'})"
+                        + (f", {other} = {_size(fixed.pop())}" if len(fixed) == 1 else ""))
     ax.grid(True, which="major", alpha=0.3)
     meta = pts[-1]["meta"]
     direction = "backward" if mode_of(meta) == "bwd" else "forward"

@@ -42,6 +42,11 @@ from pathlib import Path
 
 import torch
 
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported (the next line imports the package)
+
+from tritonsoftmax.tune_dispatch import fine_lengths  # noqa: E402
+
 PLOTS = {
     "m4096": {"x": "N", "shapes": [(4096, 2**k) for k in range(8, 19)]},
     "few-131072": {"x": "M", "shapes": [(m, 131072) for m in (1, 2, 4, 8, 16, 32, 64, 128)]},
@@ -68,6 +73,15 @@ PLOTS = {
                                           (4096, 262144), (8, 131072), (64, 152064), (32, 262144), (32, 524288),
                                           (4, 1048576), (1, 8388608)]},
 }
+# The every-n preset: the family tuner's fine grid of row lengths (tune_dispatch.fine_lengths: every multiple of 64
+# up to 16K, eight an octave to 8M, odd ones), at each row count of EVERY_N_ROWS where M x N fits
+# EVERY_N_MAX_ELEMENTS.
+EVERY_N_ROWS = (1, 32, 512, 4096, 16384)
+EVERY_N_MAX_ELEMENTS = 2**28
+EVERY_N_LENGTHS = fine_lengths()
+EVERY_N_PLOTS = {f"every-n-m{m}": {"x": "N", "shapes": [(m, n) for n in EVERY_N_LENGTHS
+                                                         if m * n <= EVERY_N_MAX_ELEMENTS and n <= 2**23]}
+                 for m in EVERY_N_ROWS}
 QUICK_PLOTS = {
     "m64": {"x": "N", "shapes": [(64, 256), (64, 1024), (64, 4096)]},
     "few-16384": {"x": "M", "shapes": [(1, 16384), (4, 16384)]},
@@ -90,9 +104,17 @@ def _parse(argv):
 
     ap = argparse.ArgumentParser(prog="python -m bench.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=["grid", "design"], default="grid",
-                    help="grid: the plots below (default); design: the design table's shapes, one plot (GPU only)")
-    ap.add_argument("--plots", nargs="+", metavar="PLOT", help=f"some of the grid's plots: {', '.join(PLOTS)}")
+    ap.add_argument("--preset", choices=["grid", "design", "every-n"], default="grid",
+                    help="grid: the plots below (default); design: the design table's shapes, one plot (GPU only); "
+                         f"every-n: row lengths on a fine grid ({len(EVERY_N_LENGTHS)} lengths: every multiple of 64 "
+                         "to 16K, eight an octave to 8M, odd ones) at each row count of "
+                         f"{', '.join(map(str, EVERY_N_ROWS))} where M x N <= 2^28, one plot a row count "
+                         "(every-n-m<M>); forward and backward share its folder (GPU only)")
+    ap.add_argument("--plots", nargs="+", metavar="PLOT",
+                    help=f"some of the preset's plots: {', '.join(PLOTS)}; every-n: {', '.join(EVERY_N_PLOTS)}")
+    ap.add_argument("--sample", default=None, metavar="K[/J]",
+                    help="keep every K-th point of each chosen plot, starting at the J-th (default 0): a fine grid "
+                         "measured in slices, one call each")
     ap.add_argument("--dtype", nargs="+", default=None, choices=["float32", "float16", "bfloat16"],
                     help="dtypes to measure (default: all three on a GPU, float32 without one)")
     ap.add_argument("--shapes", nargs="+", metavar="MxN", help="keep only these points of the chosen plots "
@@ -125,8 +147,6 @@ def _parse(argv):
 
 def main(argv: list[str] | None = None) -> int:
     on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     args = _parse(argv)
     if args.merge_only:
         if not args.out:
@@ -163,6 +183,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         plots = _design_plots(dtypes, args.mode)
         suite = f"design-{args.mode}"
+    elif args.preset == "every-n":
+        if not on_gpu:
+            print("error: the every-n preset's grid (up to 2^28 elements a point) needs a GPU; without one use "
+                  "--quick", file=sys.stderr)
+            return 2
+        unknown = set(args.plots or []) - set(EVERY_N_PLOTS)
+        if unknown:
+            print(f"error: unknown plots {sorted(unknown)}; choose from {', '.join(EVERY_N_PLOTS)}", file=sys.stderr)
+            return 2
+        plots = {k: v for k, v in EVERY_N_PLOTS.items() if not args.plots or k in args.plots}
+        suite = "every-n"
     else:
         grid = QUICK_PLOTS if quick else PLOTS
         unknown = set(args.plots or []) - set(grid)
@@ -178,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         if not plots:
             print("error: --shapes matches no point of the chosen plots", file=sys.stderr)
             return 2
+    if args.sample:
+        try:
+            every, first = (int(v) for v in (args.sample.split("/") + ["0"])[:2])
+            if every < 1 or not 0 <= first < every:
+                raise ValueError
+        except ValueError:
+            print(f"error: --sample takes K or K/J with 0 <= J < K, got {args.sample!r}", file=sys.stderr)
+            return 2
+        plots = {k: {**v, "shapes": v["shapes"][first::every]} for k, v in plots.items()}
+        plots = {k: v for k, v in plots.items() if v["shapes"]}
     slug = info.slug if on_gpu else "cpu-interpreter"
     out = results_dir(slug, suite, args.out)
     repeats = args.repeats or (3 if on_gpu else 1)
@@ -190,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     part = "-".join([args.preset, *plots, *dtypes]) + ("-quick" if quick and args.preset == "grid" else "")
     if args.shapes:
         part += "-" + "-".join(sorted(args.shapes))
+    if args.sample:
+        part += "-sample" + args.sample.replace("/", "of")
+    if suite == "every-n":
+        part += f"-{args.mode}"
     if args.timer == "kernel":
         part += "-kernel"
     command = " ".join(["python -m bench.sweep", *(argv if argv is not None else sys.argv[1:])])
@@ -275,7 +320,7 @@ def _finish(out: Path) -> int:
         print(f"error: no points-*.json in {out}", file=sys.stderr)
         return 2
     write_summary(out)
-    pngs = plot_all(out, {**PLOTS, **QUICK_PLOTS})
+    pngs = plot_all(out, {**PLOTS, **QUICK_PLOTS, **EVERY_N_PLOTS})
     print(f"wrote {out}/: summary.md, results.html, {len(pngs)} plot{'s' * (len(pngs) != 1)} with their CSVs")
     return 0
 

@@ -287,3 +287,44 @@ def test_baseline_copy_renames_the_package_its_operators_and_its_variables():
                             '@torch.library.custom_op("tritonsoftmax_base::softmax")\n'
                             'os.environ.get("TRITONSOFTMAX_BASE_AUTOTUNE")\nfiles("tritonsoftmax_base.tune_cache")\n'
                             'import tritonsoftmax_base\ntritonsoftmax_extra = 1\n')
+
+
+def test_a_folder_of_both_directions_gets_a_table_and_a_plot_for_each_with_the_ratio(tmp_path):
+    """The every-n suite holds forward and backward parts: the same (plot, dtype, shape) measured both ways stays
+    two points, each direction gets its own table (with the vs-best digest over ten points or more) and files."""
+    import json
+
+    from bench.report import latest_points, plot_all, write_summary
+
+    def part(name, mode, seq, auto):
+        meta = {"command": f"python -m bench.sweep --preset every-n --mode {mode}", "device": "GPU", "torch": "2",
+                "triton": "3", "repeats": 3, "rep_ms": 30.0, "interpreter": False, "autotune": "0", "skipped": {},
+                "seq": seq, "timer": "kernel", "mode": mode}
+        pts = [{"plot": "every-n-m4096", "dtype": "bfloat16", "M": 4096, "N": n,
+                "gbps": {"auto": auto * (0.9 if n == 1152 else 1.0), "quack": 100.0}} for n in range(64, 1281, 64)]
+        (tmp_path / f"points-{name}.json").write_text(json.dumps({"meta": meta, "points": pts}))
+
+    part("fwd", "fwd", 1, 101.0)
+    part("bwd", "bwd", 2, 99.0)
+    assert len(latest_points(tmp_path)) == 40
+    text = write_summary(tmp_path)
+    assert "## every-n-m4096, bfloat16, forward" in text and "## every-n-m4096, bfloat16, backward" in text
+    assert "vs best: 19 of 20 points at 0.97 or more; median 1.01, worst 0.91 (4096×1152)." in text
+    assert "vs best: 0 of 20 points at 0.97 or more; median 0.99, worst 0.89 (4096×1152)." not in text
+    assert "| 4096×1152 | 89 | 100 | QuACK 100 | 0.89 | 2 |" in text
+    pngs = plot_all(tmp_path, {"every-n-m4096": {"x": "N"}})
+    assert sorted(p.name for p in pngs) == ["every-n-m4096-bfloat16-bwd.png", "every-n-m4096-bfloat16-fwd.png"]
+    assert (tmp_path / "every-n-m4096-bfloat16-bwd.csv").is_file()
+
+
+def test_every_n_grid_covers_fine_lengths_and_sample_slices_it():
+    from bench import sweep
+
+    lengths = set(sweep.EVERY_N_LENGTHS)
+    assert set(range(64, 16385, 64)) <= lengths, "every multiple of 64 up to 16K"
+    assert {1023, 1025, 4097, 16385, 50257} <= lengths and max(lengths) == 2**23 + 1
+    long = sorted(n for n in lengths if n > 16384 and n % 64 == 0)
+    assert all(b / a < 1.1 for a, b in zip(long, long[1:], strict=False)), "eight an octave, rounded to 64"
+    for m, spec in ((m, sweep.EVERY_N_PLOTS[f"every-n-m{m}"]) for m in sweep.EVERY_N_ROWS):
+        assert all(mm == m and mm * n <= sweep.EVERY_N_MAX_ELEMENTS for mm, n in spec["shapes"])
+    assert sweep.main(["--preset", "every-n", "--sample", "3/3"]) == 2

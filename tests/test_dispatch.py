@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from synthetic_devices import GFX942, GFX1201, SM89, SM90, meta_problem
+from synthetic_devices import GFX942, GFX1201, SM75, SM89, SM90, meta_problem
 
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
@@ -50,27 +50,59 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
 
+    def any_tail(N, backward, aligned=True):  # the policy's held_tails also marks the config HELD
+        return {"HELD": 1} if dispatch.held_tails(dispatch.Shape(4096, N, dtype, SM90, backward, aligned)) else {}
+
     for N, warps in ((16392, 16), (16896, 16), (8200, 8), (4104, 4), (2056, 2), (2112, 2)):
         for backward in (False, True):
             c = held(4096, N, backward)
-            assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
+            want_config = LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1, **any_tail(N, backward))
+            assert c == want_config, (N, backward, c)
             want = "smem" if N > 16384 and dtype != torch.float32 else "fused"
             assert dispatch.choose(4096, N, dtype, SM90, backward).impl == want, (N, backward)
     for N, warps in ((16388, 16), (8196, 8), (4100, 4), (2100, 2)):  # off 16 bytes: the realigned path's tail
         for backward in (False, True):
             c = held(4096, N, backward, aligned=False)
-            assert c == LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1), (N, backward, c)
+            want_config = LaunchConfig.make(warps, BLOCK_N=next_power_of_2(N), ROWS=1, **any_tail(N, backward, False))
+            assert c == want_config, (N, backward, c)
             assert dispatch.choose(4096, N, dtype, SM90, backward, aligned=False).impl == "fused", (N, backward)
     for M, N, aligned, why in ((4096, 16384, True, "fills its block"), (4096, 16904, True, "a tail of 1024"),
                                (4096, 16900, False, "16904 positions: a tail of 1024"), (263, 16392, True, "few rows"),
-                               (4096, 32776, True, "held half beyond fused_capacity"),
-                               (4096, 2113, True, "a tail of 128: past 1/64 of 4096"),
-                               (4096, 1030, True, "held 1024: not measured")):
+                               (4096, 32776, True, "held half beyond fused_capacity")):
         assert held(M, N, aligned=aligned) is None, why
+    for N, why in ((2113, "a tail of 128: past 1/64 of 4096"), (1030, "a block under held_min_block")):
+        for backward in (False, True):  # held only where the policy's held_tails holds any tail
+            assert (held(4096, N, backward) is None) == (not any_tail(N, backward)), (why, backward)
     assert held(4096, 16392, device=GFX942) is None, "measured on the H200 only"
     if dtype != torch.float32:
         assert dispatch.choose(4096, 16904, dtype, SM90).impl == "smem", "no tail: smem's one chunk"
         assert dispatch.choose(4096, 20000, dtype, SM90, aligned=False).impl == "online", "no tail: online"
+
+
+def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
+    """The policy's held_tails (H200: forward 16-bit blocks 1K-8K and fp32 1K-16K, backward 16-bit 8K and fp32
+    1K-16K) hold many rows as half the block plus any shorter tail (HELD), with warps for 32 values a thread of
+    what is held; a tail as long as the half, few rows, blocks outside the range: no held config. The default
+    policy (a GPU with no table) holds the forward's only."""
+
+    def held(N, dtype, backward=False, M=4096, device=SM90):
+        return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, True))
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert held(1152, bf16) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1), "1024 + 128: 36 threads"
+    assert held(4480, bf16) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1), "4096 + 512"
+    assert held(4480, bf16, backward=True) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1)
+    assert held(1152, bf16, backward=True) is None, "the 16-bit backward of 2K blocks: not held"
+    assert held(1152, f32, backward=True) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1)
+    assert held(9600, f32) == LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, HELD=1)
+    assert held(9600, bf16) is None, "16-bit 16K blocks: smem's one chunk"
+    assert held(1537, bf16) is None, "1024 + 1024 is the block"
+    assert held(1152, bf16, M=100) is None, "few rows"
+    assert held(320, bf16) is None, "several rows a program"
+    for device in (SM89, SM75):  # no table: the default policy
+        assert held(1152, bf16, device=device)["HELD"] == 1
+        assert held(1152, bf16, backward=True, device=device) is None
+    assert dispatch.resolve("auto", 4096, 1152, bf16, SM90, False, True, True).config["HELD"] == 1
 
 
 def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):

@@ -28,7 +28,7 @@ from .kernels import (
     gluon_available,
     smem_launch,
 )
-from .kernels.constexprs import row_tail
+from .kernels.constexprs import held_length, row_tail
 from .kernels.coop import COOP_CHUNK
 from .kernels.sizing import chunks, heuristic_warps
 from .layout import ALIGN_BYTES, whole_vectors
@@ -65,26 +65,40 @@ def few_rows(s: Shape) -> bool:
     return s.M < s.policy.few_rows_per_sm * s.device.sm_count
 
 
+def held_tails(s: Shape) -> bool:
+    """The policy's held_tails holds these rows with any tail shorter than half the block (HELD): their block
+    lies in its [least, most] for the direction and element size."""
+    blocks = (s.policy.held_tails or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize)
+    return blocks is not None and blocks[0] <= next_power_of_2(s.N) <= blocks[1]
+
+
 def fused_held(s: Shape) -> int:
-    """The elements a one-row fused tile holds for these rows (less its small tail): half the block when
-    the kernel holds the row as half a block plus a tail (kernels/constexprs.row_tail; rows off 16-byte
-    boundaries count their whole 16-byte groups, as the realigned path holds them), else the whole block."""
+    """The elements a one-row fused tile holds for these rows, less a small tail: half the block when the kernel
+    holds the row as half a block plus a small tail (kernels/constexprs.row_tail), half plus the tail where the
+    policy holds any tail (held_tails), else the whole block. Rows off 16-byte boundaries count their whole
+    16-byte groups, as the realigned path holds them."""
     block = next_power_of_2(s.N)
     align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize
-    return block // 2 if row_tail(s.N, block, align) else block
+    if row_tail(s.N, block, align):
+        return block // 2
+    return held_length(s.N, block, align, any_tail=held_tails(s))
 
 
 def held_row_config(s: Shape) -> LaunchConfig | None:
-    """For many rows (CUDA) that the fused kernel holds as half a block (of held_min_block or more) plus a
-    small tail (fused_held below the block, within fused_capacity): a one-row plain fused config with
-    warps for held_values_per_thread values a thread of the held half (the tuning table's entries were tuned
-    on rows that fill the block, with warps for the whole block). Else None."""
+    """For many rows (CUDA) that the fused kernel holds as half a block plus a tail (fused_held below the block,
+    within fused_capacity): a one-row plain fused config with warps for held_values_per_thread values a thread of
+    what it holds (the tuning table's entries were tuned on rows that fill the block, with warps for the whole
+    block) — with HELD, for any tail, where the policy's held_tails says so; else for small tails on blocks of
+    held_min_block and up. Else None."""
     block = next_power_of_2(s.N)
     held = fused_held(s)
-    if (s.device.backend != "cuda" or few_rows(s) or block < s.policy.held_min_block or held == block
-            or held > fused_capacity(s.device)):
+    if s.device.backend != "cuda" or few_rows(s) or held == block or held > fused_capacity(s.device):
         return None
     nw = heuristic_warps(s.device, held, per_thread=s.policy.held_values_per_thread, max_warps=32)
+    if held_tails(s):
+        return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1, HELD=1)
+    if block < s.policy.held_min_block:
+        return None
     return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1)
 
 
@@ -297,7 +311,7 @@ RULES: tuple[Rule, ...] = (
          lambda s: (not s.backward or s.dtype.itemsize <= 2) and not few_rows(s)
          and next_power_of_2(s.N) <= fused_capacity(s.device, s.policy.fused_many_rows_programs_per_sm)),
     Rule("fused", "many rows just past a power of two that fits in registers, held as half the block plus a "
-         "small tail (TAIL; it adds the fp32 backward of 16K-16.5K rows)",
+         "tail (TAIL, HELD; it adds the fp32 backward of 16K-16.5K rows)",
          lambda s: s.device.backend == "cuda" and not few_rows(s) and fused_held(s) <= fused_capacity(s.device)),
     Rule("coop", "few 16-bit rows of at most one chunk an SM (backward) with a tuned coop-bwd config: its wide "
          "programs exchange with fewer programs than smem-bwd", coop_tuned_16bit_backward),

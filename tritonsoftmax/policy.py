@@ -27,6 +27,9 @@ from .device import DeviceInfo
 # on NVIDIA: the programs an SM holds at once follow from the register file.
 COOP_PROGRAM_REGISTERS = 96
 COOP_PROGRAM_THREADS = 128
+# The shortest block the default policy holds as half a block plus a tail: many rows of 1K+ run one row a program
+# (shorter rows share a program, where the tail is a second tile of every row).
+HELD_MIN_BLOCK = 1024
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +54,9 @@ class Policy:
     # on blocks of held_min_block and up.
     held_values_per_thread: int = 32
     held_min_block: int = 4096
+    # Many rows held as half a block plus any shorter power-of-two tail (HELD: 1152 as 1024 + 128, not 2048), by
+    # direction and element size: {"fwd" | "bwd": {bytes: (least block, most block)}}; None: small tails only.
+    held_tails: dict | None = None
 
     # Measured special cases; None (or empty) leaves the rule out.
     # Many 16-bit forward rows off 16 bytes in this bucket: realigned online.
@@ -77,10 +83,14 @@ class Policy:
 
 def default_policy(device: DeviceInfo) -> Policy:
     """The policy for a GPU with no measured one, from its quantities: programs an SM from its register file,
-    smem from twice what fused holds."""
+    smem from twice what fused holds; the forward's one-row fused tiles (HELD_MIN_BLOCK up to what fused holds)
+    hold a row past a power of two as half the block plus a tail, which takes registers and instructions for
+    the row's length, not for the next power of two."""
     coop_resident = max(1, device.regs_per_sm // (COOP_PROGRAM_REGISTERS * COOP_PROGRAM_THREADS))
     fused_cap = fused_capacity(device, Policy.fused_programs_per_sm)
-    return Policy(coop_resident_per_sm=coop_resident, smem_min_n=2 * fused_cap)
+    blocks = (HELD_MIN_BLOCK, fused_cap)
+    return Policy(coop_resident_per_sm=coop_resident, smem_min_n=2 * fused_cap,
+                  held_tails={"fwd": {2: blocks, 4: blocks}})
 
 
 def fused_capacity(device: DeviceInfo, programs_per_sm: int) -> int:

@@ -103,6 +103,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dispatch", action="store_true",
                     help="the family tuner (tritonsoftmax.tune_dispatch): time the families against each other on "
                          "a grid and record the fastest at each point in the table's dispatch: mapping")
+    ap.add_argument("--fine", action="store_true",
+                    help="with --dispatch and without --n: the fine grid of row lengths (every multiple of 64 to 16K, "
+                         "eight an octave to 8M, odd ones; the every-n benchmark's) instead of powers of two and their "
+                         "neighbours")
     ap.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"],
                     help="with --dispatch: the forward, the backward, or both (default)")
     ap.add_argument("--part", default="1/1", metavar="K/N",

@@ -9,6 +9,7 @@ heuristic.
 
     python -m tritonsoftmax.tune --dispatch                          # the default grid, every dtype, both ways
     python -m tritonsoftmax.tune --dispatch --part 2/8               # the second of 8 pieces of it
+    python -m tritonsoftmax.tune --dispatch --fine --part 1/40       # the every-n benchmark's lengths, in pieces
     python -m tritonsoftmax.tune --dispatch --dtypes bfloat16 --n 1152 4480 --m 4096 --directions fwd
 
 Resumable: a point the table already holds is skipped (``--again`` measures it anew). A winner must beat
@@ -34,6 +35,17 @@ def default_lengths() -> list[int]:
         p = 2**k
         out |= {p, p + p // 64, p - 1, 3 * p // 2}
     return sorted(n for n in out if n <= 2**23)
+
+
+def fine_lengths() -> list[int]:
+    """Row lengths on a fine grid (the ``--fine`` grid, and the every-n benchmark's lengths): every multiple of 64
+    up to 16K; from 16K to 8M eight lengths an octave (multiples of 64); one short of and one past each power of
+    two; a few odd ones (vocabulary sizes, primes). No length is then fast only because it is a tuned one."""
+    out = set(range(64, 16385, 64))
+    out |= {round(16384 * 2 ** (k / 8) / 64) * 64 for k in range(1, 73)}
+    out |= {2**k + d for k in range(1, 24) for d in (-1, 1)}
+    out |= {1, 3, 7, 100, 1000, 3000, 12345, 50257, 100003, 1000003}
+    return sorted(out)
 
 
 def grid(dtypes: list[str], directions: list[str], lengths: list[int], rows: list[int],
@@ -107,7 +119,7 @@ def run(args, info, dev: torch.device, root, timer) -> int:
     from . import dispatch, tuning
     from .layout import whole_vectors
 
-    lengths = sorted(set(args.n)) if args.n else default_lengths()
+    lengths = sorted(set(args.n)) if args.n else fine_lengths() if args.fine else default_lengths()
     rows = args.m if args.m_given else list(DEFAULT_ROWS)
     points = grid(args.dtypes, args.directions, lengths, rows, args.max_elements)
     k, n = args.part

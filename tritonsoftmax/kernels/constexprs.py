@@ -65,26 +65,41 @@ def whole_chunks(problem: RowProblem, config: LaunchConfig | None, align: int, e
                and element_size == FULL_ELEMENT_BYTES)
 
 
-# Rows held as half a block plus a small tail (row_tail): a row just past a power of two would otherwise take
-# registers for twice its length, halving the programs an SM holds. Only small tails (at most 1/TAIL_MAX_SHARE of
-# the block) on blocks of TAIL_MIN_BLOCK or more: a large tail is a second block's worth of registers again.
+# Rows held as half a block plus a tail (row_tail): a row just past a power of two would otherwise take registers
+# and instructions for twice its length. Without a request (HELD) only small tails (at most 1/TAIL_MAX_SHARE of the
+# block) on blocks of TAIL_MIN_BLOCK or more: those halve a one-row program's registers and cost one more reduction
+# over a few values. A larger tail adds a reduction over a second piece, which pays only where the dispatcher has
+# measured it (HELD in the config).
 TAIL_MIN_BLOCK = 2048
 TAIL_MAX_SHARE = 64
 
 
-def row_tail(N: int, block_n: int, align: int = 1) -> int:
+def row_tail(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> int:
     """TAIL for the kernels that take it (fused): the power of two that, after the first block_n // 2
     elements, covers the rest of a row of N (N <= block_n // 2 + TAIL), when it is at most
-    block_n // TAIL_MAX_SHARE and block_n at least TAIL_MIN_BLOCK; else 0 (the row held as one block_n
-    block). 16392 elements in a 32768 block: 8 (16384 + 8 elements held). ``align`` > 1 (ALIGN: a realigned
-    row, row_align): the window positions of its whole groups, cdiv(N, align) * align, are what the half
-    and the tail hold, and the tail is at least one group (16-bit 4100 in an 8192 block, align 8: 8)."""
+    block_n // TAIL_MAX_SHARE and block_n at least TAIL_MIN_BLOCK, or (``any_tail``: the config asks for the
+    held form, HELD) whenever it is shorter than the half; else 0 (the row held as one block_n block).
+    16392 elements in a 32768 block: 8 (16384 + 8 elements held); 1152 in a 2048 block with any_tail: 128.
+    ``align`` > 1 (ALIGN: a realigned row, row_align): the window positions of its whole groups,
+    cdiv(N, align) * align, are what the half and the tail hold, and the tail is at least one group
+    (16-bit 4100 in an 8192 block, align 8: 8)."""
     half = block_n // 2
     held = triton.cdiv(N, align) * align
-    if block_n < TAIL_MIN_BLOCK or N <= half:
+    if N <= half:
         return 0
     tail = max(next_power_of_2(held - half), align)
+    if any_tail:
+        return tail if tail < half else 0
+    if block_n < TAIL_MIN_BLOCK:
+        return 0
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
+
+
+def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> int:
+    """The elements a one-row fused tile of block_n holds for a row of N: half the block plus its tail
+    (row_tail), or the whole block."""
+    tail = row_tail(N, block_n, align, any_tail)
+    return block_n // 2 + tail if tail else block_n
 
 
 def check_dense(problem: RowProblem, config: LaunchConfig) -> None:

@@ -116,7 +116,7 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
                                cols_t * stride_y_col, mask, mask_t, scale, LOG, ZERO_MASKED)
-    elif ROWS > 1:
+    elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -127,6 +127,23 @@ def _fused_fwd_tile(
         y = finish(z, m, s, LOG, ZERO_MASKED)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
+    elif ROWS > 1:
+        # Several rows, each held as its first BLOCK_N // 2 elements ([ROWS, BLOCK_N // 2]) plus a
+        # [ROWS, TAIL] tile: no registers or instructions for the block's empty end.
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N // 2)
+        cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
+        row_ok = (rows < M)[:, None]
+        mask, mask_t = row_ok & (cols < N)[None, :], row_ok & (cols_t < N)[None, :]
+        x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
+        x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
+        z, z_t = load_scaled(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
+        m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))[:, None]
+        s = (tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1))[:, None]
+        y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
+        y_off_t = _tile_offsets(rows, cols_t, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
+        tl.store(y_ptr + y_off, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + y_off_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
         # its whole ALIGN-element groups (in BLOCK_N positions, or BLOCK_N // 2 + TAIL), then its two
@@ -151,7 +168,7 @@ def _softmax_fused_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0, I32: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -175,7 +192,10 @@ def _softmax_fused_fwd_kernel(
     tile on the plain path (ROWS == 1, ALIGN == 1) then holds the row as its first BLOCK_N // 2 elements
     plus a TAIL-element block, so a row just past a power of two (16392 fp32) takes registers for
     16384 + 8 elements, not 32768; a realigned one-row tile (ALIGN > 1) holds its whole groups in
-    BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); several-row tiles ignore it.
+    BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); a several-row tile holds
+    [ROWS, BLOCK_N // 2] plus [ROWS, TAIL] (the launch gives several-row tiles a TAIL only with HELD).
+    HELD (a config meta-parameter the kernel does not read): the launch derives TAIL from
+    row_tail(any_tail=True), any tail shorter than the half (1152 elements: 1024 + 128), not only small ones.
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
     a value for a program of 1 warp; off where an offset could pass 2**31 - 1 (PreparedLaunch,
     kernel_family.pruned_for_key).
@@ -202,7 +222,7 @@ def _softmax_fused_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0, HINTS: tl.constexpr = 1,
-    I32: tl.constexpr = 0,
+    I32: tl.constexpr = 0, HELD: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -210,8 +230,8 @@ def _softmax_fused_bwd_kernel(
     dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
     Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
-    tiles only; dy, y and dx in one layout). VEC, TAIL: as in the forward.
-    RELOAD (plain tiles: ALIGN 1 and TAIL 0, or several rows): the tile is loaded evict_last for the
+    tiles only; dy, y and dx in one layout). VEC, TAIL, HELD: as in the forward.
+    RELOAD (plain tiles: TAIL 0, and ALIGN 1 or several rows): the tile is loaded evict_last for the
     sum and loaded again evict_first (from cache) for the write, as inductor's two-loop backward does,
     instead of being held across the reduction: fewer registers, so more programs an SM. The other
     paths ignore it.
@@ -225,8 +245,9 @@ def _softmax_fused_bwd_kernel(
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
-    if ROWS == 1 and ALIGN == 1 and TAIL > 0:
-        rows = pid + tl.arange(0, 1)
+    if (ROWS > 1 or ALIGN == 1) and TAIL > 0:
+        # The rows held as their first BLOCK_N // 2 elements plus a TAIL-element tile (row_tail).
+        rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N // 2)
         cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
         mask = (rows < M)[:, None] & (cols < N)[None, :]

@@ -140,8 +140,12 @@ class PreparedLaunch(Launch):
         if "VEC" in self.family.kernel.arg_names and "VEC" not in self.flags:
             self.flags["VEC"] = row_vec(self.problem, *sizes)
         if "TAIL" in self.family.kernel.arg_names and "TAIL" not in self.flags:
-            block_n = self.config["BLOCK_N"] if self.config is not None else next_power_of_2(self.problem.N)
-            self.flags["TAIL"] = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1))
+            meta = dict(self.config.meta) if self.config is not None else {}
+            block_n = meta.get("BLOCK_N", next_power_of_2(self.problem.N))
+            held = bool(meta.get("HELD", 0))
+            # several-row tiles hold a tail only when the config asks (HELD); one-row tiles also take small ones
+            tail = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1), any_tail=held)
+            self.flags["TAIL"] = tail if held or meta.get("ROWS", 1) == 1 else 0
         if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
             self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 

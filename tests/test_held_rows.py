@@ -1,0 +1,99 @@
+"""Fused rows held as half a block plus a tail at any length (HELD): the tail each length gets, and every
+element against float64, forward and backward, one-row and several-row tiles, on and off 16-byte boundaries."""
+
+import pytest
+import torch
+from conftest import DEVICE
+from softmax_ref import assert_grad_close, poisoned_like, random_input
+
+from tritonsoftmax.config import LaunchConfig, next_power_of_2
+from tritonsoftmax.device import device_info
+from tritonsoftmax.kernels import backward_family, constexprs, family
+from tritonsoftmax.layout import matrix_problem
+
+FWD_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.mark.parametrize("N,block,align,tail", [
+    (1152, 2048, 1, 128),   # 1024 + 128
+    (1025, 2048, 1, 1),     # one past a power of two
+    (1535, 2048, 1, 512),   # 1024 + 512 covers it
+    (1537, 2048, 1, 0),     # the tail would be the whole half: no saving
+    (1023, 1024, 1, 0),     # one short of a power of two: 512 + 512 is the block
+    (320, 512, 1, 64),
+    (65, 128, 1, 1),
+    (3, 4, 1, 1),
+    (1152, 2048, 8, 128),   # a realigned 16-bit row: its whole groups in 1152 positions
+    (1154, 2048, 8, 256),   # ... in 1160 positions: past 1024 + 128
+    (1152, 4096, 1, 0),     # a block past next_pow2(N): the row fits its first half
+])
+def test_any_tail_holds_the_row_in_half_the_block_plus_a_power_of_two(N, block, align, tail):
+    assert constexprs.row_tail(N, block, align, any_tail=True) == tail
+    held = constexprs.held_length(N, block, align, any_tail=True)
+    assert held == (block // 2 + tail if tail else block)
+    assert held >= -(-N // align) * align, "the held positions cover the row's whole groups"
+
+
+def test_without_held_only_small_tails_on_long_blocks():
+    assert constexprs.row_tail(1152, 2048) == 0, "a tail of 1/16 of the block needs HELD"
+    assert constexprs.row_tail(2049, 4096) == 1
+
+
+# (dtype, N, rows a program): one past, one short of and a tail past a power of two, short and long rows
+HELD_CASES = [
+    (torch.float32, 1025, 1), (torch.float16, 1152, 1), (torch.bfloat16, 4480, 1), (torch.float32, 1023, 1),
+    (torch.float16, 320, 4), (torch.bfloat16, 65, 8), (torch.float32, 1152, 2), (torch.float32, 2047, 2),
+]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,rows", HELD_CASES, ids=[f"{str(d)[6:]}-{n}-r{r}" for d, n, r in HELD_CASES])
+def test_fused_held_rows_match_reference(dtype, N, rows, log, padded):
+    """A HELD config over M rows (not a multiple of ROWS): the row's max in its tail, a row of -inf
+    (zero_masked_rows), a padded row stride (one-row tiles of 16-bit rows then take the realigned path)
+    that nothing may write into; forward and backward, every element."""
+    block = next_power_of_2(N)
+    config = LaunchConfig.make(4, BLOCK_N=block, ROWS=rows, HELD=1)
+    M = 3 * rows + 1
+    cols = N + 3 if padded else N
+    x = random_input((M, cols), dtype, DEVICE, seed=N)[:, :N]
+    x[0, N - 1] = 40.0  # the row's max, in the tail
+    x[2] = float("-inf")
+    out = poisoned_like(random_input((M, cols), dtype, DEVICE))
+    y = out[:, :N]
+    fwd = family("fused").prepare(matrix_problem(x, y), config, device_info(x.device),
+                                  flags={"LOG": int(log), "ZERO_MASKED": 1})
+    fwd(x, y, 1.0)
+    align = fwd.flags["ALIGN"]
+    assert fwd.flags["TAIL"] == constexprs.row_tail(N, block, align, any_tail=True)
+    want = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
+    want[2] = 0.0
+    got = y.double()
+    assert torch.equal(got[2], want[2].to(got.device)), "the -inf row"
+    keep = [r for r in range(M) if r != 2]
+    err = (got[keep] - want[keep].to(got.device)).abs() / want[keep].to(got.device).abs().clamp(min=1)
+    assert err.max().item() <= FWD_TOL[dtype]
+    assert torch.isnan(out[:, N:]).all(), "the padding stays untouched"
+
+    probs = torch.softmax(random_input((M, cols), dtype, DEVICE, seed=1).float(), -1)
+    ys = (probs.log() if log else probs).to(dtype)[:, :N]
+    dy = random_input((M, cols), dtype, DEVICE, seed=2)[:, :N]
+    out = poisoned_like(random_input((M, cols), dtype, DEVICE))
+    dx = out[:, :N]
+    back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
+                                            flags={"LOG": int(log)})
+    back(dy, dx, ys, 1.0)
+    assert back.flags["TAIL"] == constexprs.row_tail(N, block, back.flags["ALIGN"], any_tail=True)
+    assert_grad_close(dx, dy, ys, log=log)
+    assert torch.isnan(out[:, N:]).all()
+
+
+def test_several_row_tiles_hold_no_tail_unless_asked():
+    x = random_input((8, 1152), torch.float32, DEVICE)
+    y = torch.empty_like(x)
+    plain = family("fused").prepare(matrix_problem(x, y), LaunchConfig.make(4, BLOCK_N=2048, ROWS=2),
+                                    device_info(x.device), flags={"LOG": 0, "ZERO_MASKED": 0})
+    plain(x, y, 1.0)
+    assert plain.flags["TAIL"] == 0
+    torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-6)
