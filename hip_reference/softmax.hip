@@ -1,15 +1,14 @@
 // The textbook softmax in four steps, one block per row, block-level LDS tree reductions:
-//   v0  three kernels, no max subtraction (exp overflows for inputs above ~88: on purpose)
-//   v1  three kernels, max subtracted (numerically stable), intermediate buffers for max and sum
-//   v2  one kernel: max, then exp staged in the output buffer while summing, then scale
+//   v0  three kernels: row max; exp(x) written to exp_out while summing; exp_out / sum. The max is
+//       computed and not used: exp overflows for inputs above ~88 (on purpose). x is read twice,
+//       exp_out written once and read once: 3 reads and 2 writes of M x N floats in 3 buffers, 2.5x
+//       the traffic of one read and one write.
+//   v1  v0 plus one subtraction: pass 2 takes exp(x - row max) (numerically stable); same traffic.
+//   v2  one kernel: max, then exp staged in the output buffer while summing, then scale (the row's
+//       second and third reads come from cache)
 //   v3  v2 with 128-bit (float4) loads and stores, scalar head/tail for unaligned rows and N % 4
 // plus a numerically stable CPU reference. Builds with hipcc, or with nvcc through hip_compat.h.
 //
-// Usage: softmax_ref --m M --n N [--version all|v0|v1|v2|v3] [--input FILE] [--seed S]
-//                    [--scale F] [--offset F] [--block B] [--warmup W] [--iters K]
-//                    [--output-dir DIR] [--cpu-only]
-// Input/outputs are raw little-endian float32, row-major M x N. Prints one JSON object on stdout.
-
 #include "hip_compat.h"
 
 #include <algorithm>
@@ -54,32 +53,11 @@ __device__ float block_reduce_sum(float v, float* lds) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// v0: exp(x) to a buffer, row sums of it, divide. No max: overflows for x > ~88.
+// v0 and v1: three kernels over three buffers (x, exp_out, y) plus the per-row max and sum.
+// Pass 1 (both): the row max. Pass 2: exp to exp_out and the row sum; v0 exp(x), v1 exp(x - max),
+// the one line that tells them apart. Pass 3 (both): y = exp_out / sum.
 
-__global__ void v0_exp(const float* x, float* e, int64_t n) {
-    const int64_t row = blockIdx.x;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) e[row * n + j] = expf(x[row * n + j]);
-}
-
-__global__ void v0_sum(const float* e, float* sums, int64_t n) {
-    extern __shared__ float lds[];
-    const int64_t row = blockIdx.x;
-    float s = 0.f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += e[row * n + j];
-    s = block_reduce_sum(s, lds);
-    if (threadIdx.x == 0) sums[row] = s;
-}
-
-__global__ void v0_div(const float* e, const float* sums, float* y, int64_t n) {
-    const int64_t row = blockIdx.x;
-    const float s = sums[row];
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[row * n + j] = e[row * n + j] / s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// v1: row max, row sum of exp(x - max), normalise. Three kernels, max and sum in buffers.
-
-__global__ void v1_max(const float* x, float* maxes, int64_t n) {
+__global__ void row_max(const float* x, float* maxes, int64_t n) {
     extern __shared__ float lds[];
     const int64_t row = blockIdx.x;
     float m = -INFINITY;
@@ -88,21 +66,25 @@ __global__ void v1_max(const float* x, float* maxes, int64_t n) {
     if (threadIdx.x == 0) maxes[row] = m;
 }
 
-__global__ void v1_sum(const float* x, const float* maxes, float* sums, int64_t n) {
+template <bool SUBTRACT_MAX>
+__global__ void exp_sum(const float* x, const float* maxes, float* exp_out, float* sums, int64_t n) {
     extern __shared__ float lds[];
     const int64_t row = blockIdx.x;
-    const float m = maxes[row];
+    const float m = SUBTRACT_MAX ? maxes[row] : 0.f;
     float s = 0.f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += expf(x[row * n + j] - m);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float e = SUBTRACT_MAX ? expf(x[row * n + j] - m) : expf(x[row * n + j]);
+        exp_out[row * n + j] = e;
+        s += e;
+    }
     s = block_reduce_sum(s, lds);
     if (threadIdx.x == 0) sums[row] = s;
 }
 
-__global__ void v1_norm(const float* x, const float* maxes, const float* sums, float* y, int64_t n) {
+__global__ void divide(const float* exp_out, const float* sums, float* y, int64_t n) {
     const int64_t row = blockIdx.x;
-    const float m = maxes[row];
-    const float inv = 1.f / sums[row];
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[row * n + j] = expf(x[row * n + j] - m) * inv;
+    const float s = sums[row];
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[row * n + j] = exp_out[row * n + j] / s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -289,20 +271,14 @@ static void launch(const std::string& v, const float* dx, float* dy, float* dtmp
                    const Options& o) {
     const dim3 grid(static_cast<unsigned>(o.m)), block(o.block);
     const size_t lds = o.block * sizeof(float);
-    if (v == "v0") {
-        v0_exp<<<grid, block>>>(dx, dtmp, o.n);
-        HIP_CHECK_LAUNCH("v0_exp");
-        v0_sum<<<grid, block, lds>>>(dtmp, dsum, o.n);
-        HIP_CHECK_LAUNCH("v0_sum");
-        v0_div<<<grid, block>>>(dtmp, dsum, dy, o.n);
-        HIP_CHECK_LAUNCH("v0_div");
-    } else if (v == "v1") {
-        v1_max<<<grid, block, lds>>>(dx, dmax, o.n);
-        HIP_CHECK_LAUNCH("v1_max");
-        v1_sum<<<grid, block, lds>>>(dx, dmax, dsum, o.n);
-        HIP_CHECK_LAUNCH("v1_sum");
-        v1_norm<<<grid, block>>>(dx, dmax, dsum, dy, o.n);
-        HIP_CHECK_LAUNCH("v1_norm");
+    if (v == "v0" || v == "v1") {
+        row_max<<<grid, block, lds>>>(dx, dmax, o.n);
+        HIP_CHECK_LAUNCH("row_max");
+        if (v == "v0") exp_sum<false><<<grid, block, lds>>>(dx, dmax, dtmp, dsum, o.n);
+        else exp_sum<true><<<grid, block, lds>>>(dx, dmax, dtmp, dsum, o.n);
+        HIP_CHECK_LAUNCH("exp_sum");
+        divide<<<grid, block>>>(dtmp, dsum, dy, o.n);
+        HIP_CHECK_LAUNCH("divide");
     } else if (v == "v2") {
         v2_fused<<<grid, block, lds>>>(dx, dy, o.n);
         HIP_CHECK_LAUNCH("v2_fused");
@@ -342,8 +318,8 @@ int main(int argc, char** argv) {
     }
 
     int devices = 0;
-    HIP_CHECK(hipGetDeviceCount(&devices));
-    if (devices < 1) {
+    // No driver and no device both mean the same to a user: say so, not the runtime's error code.
+    if (hipGetDeviceCount(&devices) != hipSuccess || devices < 1) {
         std::fprintf(stderr, "error: no GPU device found (use --cpu-only for the CPU reference)\n");
         return 3;
     }
@@ -380,10 +356,13 @@ int main(int argc, char** argv) {
         std::sort(ms.begin(), ms.end());
         const double median = ms[ms.size() / 2];
         const Stats st = compare(y, ref);
+        // Every version issues 3 reads and 2 writes of M x N floats (v0/v1: x twice and exp_out once, exp_out
+        // and y written; v2/v3: x twice and y once, y twice), in 3 buffers (v0/v1) or 2 (v2/v3); gbps counts
+        // the one read and one write the result needs.
         json += format("%s{\"version\": \"%s\", \"min_ms\": %.6f, \"median_ms\": %.6f, \"gbps\": %.1f, "
-                    "\"max_abs_err\": %.3e, \"nonfinite\": %lld}",
+                    "\"reads\": 3, \"writes\": 2, \"buffers\": %d, \"max_abs_err\": %.3e, \"nonfinite\": %lld}",
                     vi ? ", " : "", v.c_str(), ms[0], median, 2.0 * count * sizeof(float) / median / 1e6,
-                    st.max_abs_err, static_cast<long long>(st.nonfinite));
+                    (v == "v0" || v == "v1") ? 3 : 2, st.max_abs_err, static_cast<long long>(st.nonfinite));
     }
     std::printf("%s]}\n", json.c_str());
     HIP_CHECK(hipFree(dx));

@@ -124,3 +124,33 @@ def test_v0_overflows_on_large_inputs_and_v1_does_not():
     result = hip_reference.run(x, ("v0", "v1"), iters=2)
     assert result.versions["v0"].check.nonfinite > 0
     assert result.versions["v1"].check.nonfinite == 0 and result.versions["v1"].check.max_diff < 1e-5
+
+
+@needs_compiler
+@pytest.mark.skipif(HAS_GPU, reason="the binary's answer on a machine without a GPU")
+def test_binary_says_no_gpu_clearly_without_one():
+    run = subprocess.run([str(hip_reference.build()), "--m", "2", "--n", "8"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 3 and "no GPU device found (use --cpu-only" in run.stderr, run.stderr
+
+
+@needs_compiler
+def test_hip_compare_cpu_only_prints_the_error_tables_columns():
+    run = subprocess.run([sys.executable, "-m", "bench.hip_compare", "--cpu-only"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "| provider | max_diff | mean_diff | rel_err | row-sum deviation | status |" in run.stdout
+    row = next(line for line in run.stdout.splitlines() if line.startswith("| CPU reference"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 6 and cells[-1] == "ok" and float(cells[1]) < 1e-6, row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_GPU and HAS_COMPILER), reason="needs a GPU and a compiler")
+def test_v0_and_v1_report_the_chapters_traffic_and_buffers():
+    """v0 and v1 go through exp_out (3 buffers), v2 and v3 stage exp in the output (2); all issue 3 reads and 2
+    writes of the tensor."""
+    result = hip_reference.run(_inputs(8, 2048), iters=2)
+    for item in result.raw["results"]:
+        assert (item["reads"], item["writes"]) == (3, 2)
+        assert item["buffers"] == (3 if item["version"] in ("v0", "v1") else 2), item
