@@ -165,7 +165,7 @@ def _softmax_coop_fwd_kernel(
                 edges_write(x_row, y_row, scale, m_r, s_r, shift, lo, tail, end, chunk == 0, chunk == G - 1, LOG,
                             ZERO_MASKED, ALIGN)
             tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m_r, s_r, first, N, lo, hi, LOG,
-                        ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
+                        ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN, 1)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 
@@ -234,7 +234,7 @@ def _softmax_coop_bwd_kernel(
                 edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, chunk == 0,
                                  chunk == G - 1, LOG, ALIGN)
             tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
-                             LOG, BLOCK, TILES, HINTS, ALIGN)
+                             LOG, BLOCK, TILES, HINTS, ALIGN, 1)
     finish_departure(ws_ptr, sync_ptr, row, G, gs, seen, PHASE, PER_WORD)
 
 

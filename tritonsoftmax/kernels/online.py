@@ -37,7 +37,7 @@ def _softmax_online_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
     reverse write pass.
@@ -48,7 +48,8 @@ def _softmax_online_fwd_kernel(
     fused kernel (rows off a 16-byte boundary walked as whole aligned groups, row_ops.row_window).
     Invariant of pass 1: m is the max over the tiles seen so far and s = sum exp(z - m) over them
     (see row_ops.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
-    Pass 2 writes the output, last tile first (the tiles pass 1 left in cache).
+    Pass 2 writes the output, last tile first (the tiles pass 1 left in cache); CACHE_OPT = 0 walks it
+    first tile first instead (the textbook's forward order, kept to measure what the reverse order buys).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -64,7 +65,7 @@ def _softmax_online_fwd_kernel(
         m, s = edges_max_sum(x_row, scale, m, s, shift, lo, tail, end, True, True, ALIGN)
         edges_write(x_row, y_row, scale, m, s, shift, lo, tail, end, True, True, LOG, ZERO_MASKED, ALIGN)
     tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, 0, N, lo, hi, LOG, ZERO_MASKED, BLOCK,
-                num_tiles, HINTS, ALIGN)
+                num_tiles, HINTS, ALIGN, CACHE_OPT)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -75,12 +76,12 @@ def _softmax_online_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
 ):
     """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
     dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
-    in the forward (ALIGN > 1: dy, y and dx share one layout).
+    in the forward (ALIGN > 1: dy, y and dx share one layout); CACHE_OPT = 0: pass 2 first tile first.
     VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
@@ -95,7 +96,7 @@ def _softmax_online_bwd_kernel(
         red += edges_grad_sum(dy_ptr, y_ptr, g_row, shift, lo, tail, end, True, True, LOG, ALIGN)
         edges_grad_write(dy_ptr, y_ptr, d_row, g_row, red, scale, shift, lo, tail, end, True, True, LOG, ALIGN)
     tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, 0, N, lo, hi, LOG, BLOCK,
-                     num_tiles, HINTS, ALIGN)
+                     num_tiles, HINTS, ALIGN, CACHE_OPT)
 
 
 FAMILY = Family(IMPL, _softmax_online_fwd_kernel, _configs, _heuristic, _grid)

@@ -264,13 +264,15 @@ def tiles_max_sum(x_row, stride_col, scale, first, N, lo, hi, BLOCK: tl.constexp
 
 @triton.jit
 def tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, first, N, lo, hi, LOG: tl.constexpr,
-                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
-    """The output over the tiles from the row's (m, s), last tile first (the tiles read last are
-    the likeliest still in cache); HINTS: this last read lets them go, and so do the stores."""
+                ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr,
+                REVERSE: tl.constexpr):
+    """The output over the tiles from the row's (m, s), last tile first with REVERSE (the tiles read last are
+    the likeliest still in cache), else first tile first; HINTS: this last read lets them go, and so do the
+    stores."""
     tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
-        cols = first + (TILES - 1 - t) * BLOCK + offs
+        cols = first + ((TILES - 1 - t) if REVERSE else t) * BLOCK + offs
         mask = tile_mask(cols, N, lo, hi, ALIGN)
         y = finish(load_scaled(x_row + cols * stride_x_col, mask, scale, DROP * HINTS), m, s, LOG, ZERO_MASKED)
         store_out(y_row + cols * stride_y_col, y, mask, DROP * HINTS)
@@ -312,12 +314,14 @@ def tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, first, N, lo, hi, LOG: tl
 
 @triton.jit
 def tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, first, N, lo, hi,
-                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr):
-    """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first (HINTS as in tiles_write)."""
+                     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES, HINTS: tl.constexpr, ALIGN: tl.constexpr,
+                     REVERSE: tl.constexpr):
+    """dx = grad_input(dy, y, red) over the tiles into d_row, last tile first with REVERSE (HINTS and REVERSE as
+    in tiles_write)."""
     tl.static_assert(BLOCK % ALIGN == 0, "a tile must hold whole ALIGN-element groups")
     offs = tl.arange(0, BLOCK)
     for t in range(0, TILES):
-        cols = first + (TILES - 1 - t) * BLOCK + offs
+        cols = first + ((TILES - 1 - t) if REVERSE else t) * BLOCK + offs
         mask = tile_mask(cols, N, lo, hi, ALIGN)
         dy = load_f32(dy_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)
         y = load_f32(y_ptr + g_row + cols * stride_g_col, mask, DROP * HINTS)

@@ -132,7 +132,7 @@ def _softmax_split_write_kernel(
         store_out(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED), mask, DROP * HINTS)
     else:
         tiles_write(x_row, y_row, stride_x_col, stride_y_col, scale, m, s, g * (TILES * BLOCK), N, lo, hi, LOG,
-                    ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN)
+                    ZERO_MASKED, BLOCK, TILES, HINTS, ALIGN, 1)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -200,7 +200,7 @@ def _softmax_split_bwd_write_kernel(
         store_out(d_row + cols * stride_d_col, grad_input(dy, y, red, scale, LOG), mask, DROP * HINTS)
     else:
         tiles_grad_write(dy_ptr, y_ptr, d_row, g_row, stride_g_col, stride_d_col, red, scale, g * (TILES * BLOCK), N,
-                         lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN)
+                         lo, hi, LOG, BLOCK, TILES, HINTS, ALIGN, 1)
 
 
 def _shape_config(device: DeviceInfo, M: int, N: int, block: int, num_warps: int) -> LaunchConfig:

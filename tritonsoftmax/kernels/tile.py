@@ -25,7 +25,7 @@ def _softmax_tile_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
 ):
     """Softmax (log_softmax, LOG) of one row per program in three passes over BLOCK-wide tiles.
 
@@ -34,7 +34,8 @@ def _softmax_tile_fwd_kernel(
     Pass 1 keeps m_vec, the lane-wise max over the tiles seen; m = max(m_vec) is the row max.
     Pass 2 walks the tiles last to first (the last tiles are the ones pass 1 left in cache) and
     keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
-    (the first tiles are the ones pass 2 left in cache).
+    (the first tiles are the ones pass 2 left in cache). CACHE_OPT = 0 walks pass 2 first to last too
+    (the textbook's forward order, kept to measure what the reverse order buys).
     VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -53,7 +54,7 @@ def _softmax_tile_fwd_kernel(
 
     s_vec = tl.zeros([BLOCK], tl.float32)
     for t in range(0, num_tiles):
-        cols = (num_tiles - 1 - t) * BLOCK + offs
+        cols = ((num_tiles - 1 - t) if CACHE_OPT else t) * BLOCK + offs
         s_vec += exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m)
     s = tl.sum(s_vec, axis=0)
 
