@@ -64,12 +64,14 @@ def add_peers_site(path: str | None = None) -> None:
 
 
 @triton.jit
-def _tutorial_softmax_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n_cols, BLOCK: tl.constexpr):
-    """The Triton tutorial's fused softmax: a persistent loop over rows, one whole row in registers.
+def _tutorial_softmax_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n_cols, BLOCK: tl.constexpr,
+                             STAGES: tl.constexpr):
+    """The Triton tutorial's fused softmax: a persistent loop over rows (software-pipelined over STAGES), one
+    whole row in registers.
 
     x_ptr, y_ptr: input/output; *_row_stride: element stride between rows; BLOCK >= n_cols.
     """
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
         cols = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
         z = x - tl.max(x, axis=0)
@@ -78,18 +80,43 @@ def _tutorial_softmax_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n
         tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
+TUTORIAL_WARPS = 8  # the tutorial's launch: 8 warps; 4 pipeline stages where an SM has over 200 KB of shared memory
+TUTORIAL_STAGES_SMEM = 200000
+
+
+def tutorial_programs(n_rows: int, n_regs: int, shared: int, props: dict) -> int:
+    """The tutorial's grid: programs an SM from the compiled kernel's registers (and its shared memory), times
+    the SMs, at most one a row. ``props``: the driver's device properties (max_num_regs, warpSize,
+    max_shared_mem, multiprocessor_count)."""
+    per_sm = props["max_num_regs"] // (n_regs * props["warpSize"] * TUTORIAL_WARPS)
+    if shared:
+        per_sm = min(per_sm, props["max_shared_mem"] // shared)
+    return max(1, min(n_rows, props["multiprocessor_count"] * per_sm))
+
+
 def _tutorial(x: torch.Tensor) -> Callable[[], torch.Tensor]:
     M, N = x.shape
     if N > 65536:
         raise Unavailable("the tutorial kernel holds the whole row in registers (N > 65536)")
     block = triton.next_power_of_2(N)
-    warps = 4 if block < 2048 else 8 if block < 4096 else 16
-    programs = min(M, 8 * torch.cuda.get_device_properties(x.device).multi_processor_count) if x.is_cuda else M
+    y = torch.empty_like(x)
+    programs = M
+    stages = 2
+    if x.is_cuda:
+        from triton.runtime import driver
+
+        props = driver.active.utils.get_device_properties(x.device.index or 0)
+        stages = 4 if props["max_shared_mem"] > TUTORIAL_STAGES_SMEM else 2
+        compiled = _tutorial_softmax_kernel.warmup(x, y, x.stride(0), y.stride(0), M, N, BLOCK=block, STAGES=stages,
+                                                   num_warps=TUTORIAL_WARPS, grid=(1,))
+        compiled._init_handles()
+        programs = tutorial_programs(M, compiled.n_regs, compiled.metadata.shared, props)
 
     def run():
-        y = torch.empty_like(x)
-        _tutorial_softmax_kernel[(programs,)](x, y, x.stride(0), y.stride(0), M, N, BLOCK=block, num_warps=warps)
-        return y
+        out = torch.empty_like(x)
+        _tutorial_softmax_kernel[(programs,)](x, out, x.stride(0), out.stride(0), M, N, BLOCK=block, STAGES=stages,
+                                              num_warps=TUTORIAL_WARPS)
+        return out
 
     return run
 

@@ -328,3 +328,13 @@ def test_every_n_grid_covers_fine_lengths_and_sample_slices_it():
     for m, spec in ((m, sweep.EVERY_N_PLOTS[f"every-n-m{m}"]) for m in sweep.EVERY_N_ROWS):
         assert all(mm == m and mm * n <= sweep.EVERY_N_MAX_ELEMENTS for mm, n in spec["shapes"])
     assert sweep.main(["--preset", "every-n", "--sample", "3/3"]) == 2
+
+
+def test_tutorial_provider_sizes_its_grid_from_registers_as_the_tutorial_does():
+    from bench.peers import tutorial_programs
+
+    h200 = {"max_num_regs": 65536, "warpSize": 32, "max_shared_mem": 232448, "multiprocessor_count": 132}
+    assert tutorial_programs(4096, 32, 0, h200) == 132 * 8, "32 registers x 8 warps: 8 programs an SM"
+    assert tutorial_programs(4096, 128, 0, h200) == 132 * 2
+    assert tutorial_programs(4096, 32, 100000, h200) == 132 * 2, "shared memory bounds it too"
+    assert tutorial_programs(100, 32, 0, h200) == 100, "never more programs than rows"

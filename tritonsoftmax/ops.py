@@ -12,7 +12,9 @@
   the same forward and backward without the operator's dispatch (which costs a warm call several
   times a kernel launch on the host; ``python -m bench.overhead``).
 
-Neither backward is itself differentiable: a double backward raises.
+The backward is differentiable too (a double backward: gradient penalties, Hessian-vector products): where
+autograd records the backward (``create_graph=True``) it runs as ``tritonsoftmax::softmax_backward``, whose
+own autograd formula is in torch operators (:func:`_backward_grads`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,35 @@ def _input_grad(ctx, dy, run_backward) -> tuple:
 softmax_op.register_autograd(lambda ctx, dy: _input_grad(ctx, dy, softmax_backward_op), setup_context=_setup_context)
 
 
+def _backward_setup_context(ctx, inputs, output):
+    dy, y, dim, impl, scale, log, input_dtype = inputs
+    ctx.save_for_backward(dy, y)
+    ctx.args = (dim, scale, log)
+
+
+def _backward_grads(ctx, ddx) -> tuple:
+    """The gradients of dx = scale * y * (dy - sum(dy * y)) (log: scale * (dy - exp(y) * sum(dy))) with respect
+    to dy and y, given ddx, the gradient of dx; None for the other five inputs. In torch operators (float32 or
+    wider), so a third derivative records as well."""
+    dy, y = ctx.saved_tensors
+    dim, scale, log = ctx.args
+    work = torch.promote_types(y.dtype, torch.float32)
+    g, yw, dyw = ddx.to(work), y.to(work), dy.to(work)
+    if log:
+        p = torch.exp(yw)
+        g_dy = scale * (g - (g * p).sum(dim, keepdim=True))
+        g_y = -scale * g * p * dyw.sum(dim, keepdim=True)
+    else:
+        r = (dyw * yw).sum(dim, keepdim=True)
+        gy = (g * yw).sum(dim, keepdim=True)
+        g_dy = scale * yw * (g - gy)
+        g_y = scale * (g * (dyw - r) - dyw * gy)
+    return (g_dy.to(dy.dtype), g_y.to(y.dtype)) + (None,) * 5
+
+
+softmax_backward_op.register_autograd(_backward_grads, setup_context=_backward_setup_context)
+
+
 class SoftmaxFunction(torch.autograd.Function):
     """``tritonsoftmax::softmax`` and its autograd formula for eager calls, without the operator's dispatch:
     ``SoftmaxFunction.apply(x, dim, dtype, impl, scale, log, zero_masked)``. The context is set in ``forward``:
@@ -77,17 +108,5 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return _input_grad(ctx, dy, _NotTwice.apply if torch.is_grad_enabled() else execute.backward)
-
-
-class _NotTwice(torch.autograd.Function):
-    """The backward (``execute.backward``) where autograd records it (``create_graph=True``): differentiating
-    its result raises instead of giving a gradient without its second-order part."""
-
-    @staticmethod
-    def forward(ctx, dy, y, dim, impl, scale, log, input_dtype):
-        return execute.backward(dy, y, dim, impl, scale, log, input_dtype)
-
-    @staticmethod
-    def backward(ctx, ddx):
-        raise RuntimeError("tritonsoftmax's softmax backward is not differentiable: no double backward")
+        # recorded (create_graph=True): through the operator, whose autograd formula gives the double backward
+        return _input_grad(ctx, dy, softmax_backward_op if torch.is_grad_enabled() else execute.backward)
