@@ -2,6 +2,7 @@
 torch.compile, CUDA graphs, modules and patch_torch."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -163,17 +164,18 @@ def test_torch_compile_traces_the_operator():
     assert (y.double() - torch.softmax(x.detach().double() * 0.5, -1)).abs().max().item() <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("scale", [1.0, 0.7])
 @pytest.mark.parametrize("log", [False, True])
-def test_double_backward_matches_float64(log, scale, compiled):
+def test_double_backward_matches_float64(log, scale, compiled, impl):
     """create_graph=True records the backward; differentiating the gradient again (a gradient penalty: the grad of
-    sum(gx * v)) gives torch's float64 second derivative, through dy and through y back into x; eager and under
-    torch.compile."""
+    sum(gx * v)) gives torch's float64 second derivative, through dy and through y back into x; every family,
+    eager and under torch.compile."""
     x = random_input((4, 33), torch.float32, DEVICE, seed=5).requires_grad_()
     g = random_input((4, 33), torch.float32, DEVICE, seed=6)
     v = random_input((4, 33), torch.float32, DEVICE, seed=7)
-    op = tritonsoftmax.log_softmax if log else tritonsoftmax.softmax
+    op = functools.partial(tritonsoftmax.log_softmax if log else tritonsoftmax.softmax, impl=impl)
     if compiled:
         if DEVICE == "cpu":
             pytest.skip("torch.compile of the interpreted kernels: run on a GPU")
