@@ -26,19 +26,23 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str)
         f"{what}: max error {diff.max().item()}"
 
 
-def run(rank: int, world: int, init: str, widths: list[int]) -> None:
+def run(rank: int, world: int, init: str, widths: list[int], backend: str = "gloo") -> None:
+    """One rank's checks over ``backend`` (gloo: CPU tensors; nccl: this rank's GPU)."""
     import tritonsoftmax.distributed as tsd
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     try:
         mine = _slices(widths)[rank]
         V = sum(widths)
         for dtype in (torch.float32, torch.float16):
             gen = torch.Generator().manual_seed(7)
-            x = (torch.randn(6, V, generator=gen) * 3).to(dtype)
+            x = (torch.randn(6, V, generator=gen) * 3).to(device, dtype)
             x[1, _slices(widths)[0]] = float("-inf")  # a row all -inf in rank 0's slice only
             x[2, :] = float("-inf")  # a row all -inf everywhere: NaN, as torch gives
-            dy = torch.randn(6, V, generator=gen).to(dtype)
+            dy = torch.randn(6, V, generator=gen).to(device, dtype)
             for log in (False, True):
                 fn, ref = (tsd.log_softmax, torch.log_softmax) if log else (tsd.softmax, torch.softmax)
                 xl = x[:, mine].clone().requires_grad_()
@@ -50,7 +54,7 @@ def run(rank: int, world: int, init: str, widths: list[int]) -> None:
                 _close(y, yw[:, mine], dtype, f"rank {rank} {dtype} log={log} forward")
                 rows = [0, 1, 3, 4, 5]  # the all -inf row's gradient is NaN in torch too
                 _close(xl.grad[rows], xw.grad[rows][:, mine], dtype, f"rank {rank} {dtype} log={log} backward")
-            target = torch.randint(0, V, (6,), generator=gen)
+            target = torch.randint(0, V, (6,), generator=gen).to(device)
             target[3] = -100
             target[4] = V - 1  # on the last rank
             xs = x.clone()

@@ -13,13 +13,23 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).parent))
 import distributed_worker  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 
+@needs_gloo
 @pytest.mark.parametrize("widths", [[37, 26], [20, 1, 29]], ids=["2-ranks", "3-ranks-one-of-width-1"])
 def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_path, widths):
     init = f"file://{tmp_path / 'store'}"
     mp.spawn(distributed_worker.run, args=(len(widths), init, widths), nprocs=len(widths), join=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs a GPU and NCCL")
+def test_nccl_world_of_one_gpu_matches_torch(tmp_path):
+    """The same checks over NCCL on one GPU (world size 1: the whole row on the one rank), where no machine with
+    two GPUs is lent."""
+    init = f"file://{tmp_path / 'store'}"
+    mp.spawn(distributed_worker.run, args=(1, init, [63], "nccl"), nprocs=1, join=True)
 
 
 def test_inputs_it_refuses():

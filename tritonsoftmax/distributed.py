@@ -142,7 +142,8 @@ class _CrossEntropy(torch.autograd.Function):
         elif ctx.reduction == "sum":
             g = g.expand(lse.shape)
         g = torch.where(valid, g, torch.zeros_like(g))
-        dz = torch.exp(logits.float() - lse[:, None])  # the softmax, written where the gradient goes
+        # the softmax, in one fp32 copy of the logits that becomes the gradient (no other full-size temporary)
+        dz = logits.to(torch.float32, copy=True).sub_(lse[:, None]).exp_()
         dz -= ctx.smoothing / ctx.vocab
         rows = (valid & (target >= ctx.start) & (target < ctx.start + logits.shape[1])).nonzero().squeeze(1)
         dz[rows, target[rows] - ctx.start] -= 1.0 - ctx.smoothing
