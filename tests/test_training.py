@@ -88,9 +88,13 @@ def test_zero_masked_rows_give_zeros_and_zero_gradient(impl):
     assert tritonsoftmax.softmax(x.detach(), impl=impl)[1].isnan().all(), "the default stays torch's NaN"
 
 
-def test_scale_must_be_a_number():
+def test_scale_is_a_number_or_a_tensor_of_scales():
+    """A 0-dim tensor broadcasts as torch's x * t does: the same scale for every row."""
+    x = random_input((2, 3), torch.float32, DEVICE)
+    torch.testing.assert_close(tritonsoftmax.softmax(x, scale=torch.tensor(2.0, device=DEVICE)),
+                               tritonsoftmax.softmax(x, scale=2.0), rtol=1e-6, atol=1e-7)
     with pytest.raises(TypeError, match="scale"):
-        tritonsoftmax.softmax(torch.ones(2, 3, device=DEVICE), scale=torch.tensor(2.0))
+        tritonsoftmax.softmax(x, scale=[2.0])
 
 
 BWD = {"fused": fused.launch_backward, "online": online.launch_backward, "split": split.launch_backward,

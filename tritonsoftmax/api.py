@@ -22,7 +22,10 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
     fp32/fp16/bf16 tensors on a GPU (or on the CPU under ``TRITON_INTERPRET=1``) run Triton
     kernels, math in fp32; float64 and other CPU tensors are computed by torch.
     ``impl``: "auto" (the dispatcher), "fused", "tile", "online", "split", "coop" or "smem" (NVIDIA sm_80+).
-    ``scale``: temperature, fused into the kernels: the result is ``torch.softmax(x * scale, dim)``.
+    ``scale``: temperature, fused into the kernels: the result is ``torch.softmax(x * scale, dim)``. A float, or a
+    tensor of one scale a row (a per-row temperature: its shape broadcasts to ``x`` with size 1 along ``dim``;
+    no gradient flows into it). Every family but smem takes a tensor (auto runs coop where it would run smem);
+    under ``torch.compile`` a tensor scale is computed by torch operators.
     ``zero_masked_rows``: rows that are entirely -inf give zeros (and zero gradient), not NaN.
     Differentiable; works under ``torch.compile`` and in CUDA graphs.
 
@@ -54,6 +57,8 @@ def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Te
             if not compiling and execute.functorch_active():  # torch.func.grad & co: torch's softmax
                 return execute.forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
             execute.check_impl(impl)
+            if compiling and type(scale) is torch.Tensor:  # the operator's schema takes one float scale
+                return execute.forward_torch(x, dim, dtype, scale, log, zero_masked)
             run = ops.softmax_op if compiling else ops.SoftmaxFunction.apply
             return run(x, dim, dtype, impl, execute.check_scale(scale), log, bool(zero_masked))
     return execute.forward(x, dim, dtype, impl, scale, log, zero_masked)

@@ -396,17 +396,23 @@ def measured_winner(s: Shape) -> str | None:
 
 
 def resolve(impl: str, M: int, N: int, dtype: torch.dtype, info: DeviceInfo, backward: bool = False,
-            aligned: bool = True, dense: bool = False) -> Plan:
+            aligned: bool = True, dense: bool = False, row_scale: bool = False) -> Plan:
     """The one decision from a shape to a launch: the family (``impl``, or for ``auto`` the family tuner's measured
     winner at this shape (measured_winner), else the first rule that holds) and its config: a rule's
     (ruled_config), else the tuning table's entry, else None (the family's heuristic or autotuner decides when it
     launches). ``aligned``: every row starts on a 16-byte boundary; ``dense``: input and output are contiguous
     rows, back to back, of one element size. The backward runs the backward kernel of the family the rules pick
-    for it."""
+    for it. ``row_scale``: one scale a row (ROW_SCALE), which every family but smem takes: where smem would run,
+    coop does (the family smem falls back to for what it cannot take)."""
     name = impl
     if impl == "auto":
         name = measured_winner(Shape(M, N, dtype, info, backward, aligned, dense)) or \
             choose(M, N, dtype, info, backward, aligned, dense).impl
+    if row_scale and name == "smem":
+        if impl == "smem":
+            raise ValueError("impl='smem' takes one scale for all rows, not a tensor of scales; use impl='auto' "
+                             "or 'coop'")
+        name = "coop"
     if name == "fused":
         from .kernels.fused import check_row_length
 
@@ -419,12 +425,13 @@ def resolve(impl: str, M: int, N: int, dtype: torch.dtype, info: DeviceInfo, bac
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,
-         device: torch.device, backward: bool = False, aligned: bool = True, dense: bool = False) -> Plan:
+         device: torch.device, backward: bool = False, aligned: bool = True, dense: bool = False,
+         row_scale: bool = False) -> Plan:
     """:func:`resolve` for one call shape on ``device``, cached (``impl`` already validated)."""
-    key = (impl, M, N, dtype, out_dtype, device, backward, aligned, dense)
+    key = (impl, M, N, dtype, out_dtype, device, backward, aligned, dense, row_scale)
     p = _plans.get(key)
     if p is None:
-        p = _plans[key] = resolve(impl, M, N, dtype, device_info(device), backward, aligned, dense)
+        p = _plans[key] = resolve(impl, M, N, dtype, device_info(device), backward, aligned, dense, row_scale)
     return p
 
 

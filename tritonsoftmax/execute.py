@@ -33,13 +33,43 @@ def normalize_dim(dim: int, ndim: int) -> int:
     return dim % max(ndim, 1)
 
 
-def check_scale(scale) -> float:
-    """``scale`` as a float (None: 1.0); a TypeError for anything but a Python number."""
+def check_scale(scale) -> float | torch.Tensor:
+    """``scale`` as a float (None: 1.0), or a floating-point tensor of scales as it is (scale_view checks its
+    shape against the input); a TypeError for anything else."""
     if scale is None:
         return 1.0
+    if isinstance(scale, torch.Tensor):
+        if not scale.is_floating_point():
+            raise TypeError(f"a tensor scale must be floating point, got {scale.dtype}")
+        return scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a Python number, got {type(scale).__name__}")
+        raise TypeError(f"scale must be a Python number or a tensor of one scale a row, got {type(scale).__name__}")
     return float(scale)
+
+
+def scale_view(scale: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """A tensor of scales (one a row: a per-row temperature) as a view that broadcasts against ``x``: its shape,
+    padded with leading 1s, must have size 1 along ``dim`` and broadcast to ``x`` elsewhere. No gradient flows
+    into it (ValueError if it requires one while grad mode is on)."""
+    if scale.device != x.device:
+        raise ValueError(f"scale is on {scale.device}, the input on {x.device}")
+    if scale.requires_grad and torch.is_grad_enabled():
+        raise ValueError("tritonsoftmax computes no gradient for a tensor scale; pass scale.detach()")
+    if scale.dim() > x.dim():
+        raise ValueError(f"a scale of shape {tuple(scale.shape)} has more dims than the input {tuple(x.shape)}")
+    shape = (1,) * (x.dim() - scale.dim()) + tuple(scale.shape)
+    if shape[dim] != 1 or any(s not in (1, n) for s, n in zip(shape, x.shape, strict=True)):
+        raise ValueError(f"a scale of shape {tuple(scale.shape)} must broadcast to the input {tuple(x.shape)} with "
+                         f"size 1 along dim {dim} (one scale a row)")
+    return scale.reshape(shape)
+
+
+def row_scales(view: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The kernels' form of scale_view's ``view``: float32, contiguous, one a row in row order (the input's other
+    dims in C order, as layout.row_problem numbers rows)."""
+    rows = list(x.shape)
+    rows[dim] = 1
+    return view.expand(rows).reshape(-1).to(torch.float32).contiguous()
 
 
 def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -69,6 +99,8 @@ def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
 def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float | None, log: bool,
             zero_masked: bool) -> torch.Tensor:
     """Softmax/log-softmax without autograd: the eager path (and the custom operator's body)."""
+    if type(scale) is torch.Tensor:
+        return forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
     try:
         hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
     except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
@@ -93,8 +125,9 @@ def functorch_active() -> bool:
 
 
 def _torch_forward(x, dim, out_dtype, scale, log, zero_masked) -> torch.Tensor:
-    """The reference computation for what our kernels do not take (float64, CPU tensors, torch.func transforms)."""
-    z = x if scale == 1.0 else x * scale
+    """The reference computation for what our kernels do not take (float64, CPU tensors, torch.func transforms);
+    ``scale``: a float, or scale_view's tensor."""
+    z = x * scale if isinstance(scale, torch.Tensor) or scale != 1.0 else x
     y = torch.log_softmax(z, dim, dtype=out_dtype) if log else torch.softmax(z, dim, dtype=out_dtype)
     if zero_masked:
         y = y.masked_fill((z == float("-inf")).all(dim, keepdim=True), 0.0)
@@ -119,19 +152,35 @@ def forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
     x = _cast_input(x, dtype)
     dim = normalize_dim(dim, x.dim())
     out_dtype = dtype or x.dtype
+    per_row = isinstance(s, torch.Tensor)
+    if per_row:
+        s = scale_view(s, x, dim)
     if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0 or x.numel() == 0
             or (x.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
     flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
+    if per_row:  # one scale a row: the kernels' ROW_SCALE form, prepared anew each call (no warm entry)
+        flags["ROW_SCALE"] = 1
+        s = row_scales(s, x, dim)
     y = torch.empty_like(x, dtype=out_dtype)
-    # Remember the launch unless a cast happened (the key is the uncast input's) or the interpreter
-    # runs it (it reads the environment on every call).
-    remember = key if key[2] == x.dtype and x.device.type != "cpu" else None
+    # Remember the launch unless a cast happened (the key is the uncast input's), the interpreter runs it (it
+    # reads the environment on every call) or the scale is per row.
+    remember = key if key[2] == x.dtype and x.device.type != "cpu" and not per_row else None
     return _launch_rows(x, y, (), dim, impl, flags, False, s, remember, out_dtype)
 
 
+def forward_torch(x, dim, dtype, scale, log, zero_masked) -> torch.Tensor:
+    """forward_cold's checks, then torch operators whatever the device (a tensor scale under torch.compile)."""
+    s = check_scale(scale)
+    x = _cast_input(x, dtype)
+    dim = normalize_dim(dim, x.dim())
+    if isinstance(s, torch.Tensor):
+        s = scale_view(s, x, dim)
+    return _torch_forward(x, dim, dtype or x.dtype, s, log, zero_masked)
+
+
 def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl: str, flags: dict, backward: bool,
-                 scale: float, remember: tuple | None, out_dtype: torch.dtype) -> torch.Tensor:
+                 scale: float | torch.Tensor, remember: tuple | None, out_dtype: torch.dtype) -> torch.Tensor:
     """Run the chosen kernel over the rows along ``dim``: ``a`` (x, or the backward's dy) and ``rest``
     (the saved output) into ``out``; prepared launches of in-place layouts are kept under ``remember``.
     Layouts whose other dims do not collapse into two stride groups (or whose column stride passes
@@ -159,27 +208,29 @@ def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl:
              backward: bool):
     aligned = problem.rows_aligned(x.element_size(), y.element_size())
     dense = problem.rows_dense() and x.element_size() == y.element_size()
-    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense)
+    p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense,
+                      bool(flags.get("ROW_SCALE")))
     return p.family.prepare(problem, p.config, p.device, p.from_store, flags)
 
 
-def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float, log: bool,
+def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float | torch.Tensor, log: bool,
              input_dtype: torch.dtype) -> torch.Tensor:
     """The input gradient of softmax/log_softmax from the incoming gradient and the saved output:
-    scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax."""
+    scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax (``scale``: a float, or
+    a tensor of one scale a row, as the forward took it)."""
     dim = normalize_dim(dim, y.dim())
+    per_row = isinstance(scale, torch.Tensor)
     if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
             or (y.device.type == "cpu" and not interpreter_active()) or functorch_active()):
-        dyf, yf = dy.to(y.dtype), y
-        if log:
-            dx = scale * (dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True))
-        else:
-            dx = scale * yf * (dyf - (dyf * yf).sum(dim, keepdim=True))
-        return _like_input(dx.to(input_dtype), y, input_dtype)
+        return backward_torch(dy, y, dim, scale_view(scale, y, dim) if per_row else scale, log, input_dtype)
     key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)
     if dy.dtype != y.dtype or dy.stride() != y.stride():
         dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
     dx = torch.empty_like(y)
+    if per_row:  # the kernels' ROW_SCALE form, prepared anew each call (no warm entry)
+        _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log), "ROW_SCALE": 1}, True,
+                     row_scales(scale_view(scale, y, dim), y, dim), None, y.dtype)
+        return dx if input_dtype == dx.dtype else dx.to(input_dtype)
     hit = _prepared.get(key)
     if hit is not None:  # the prepared launch itself: its direct start takes (x, y, scale) calls only
         hit[2](dy, dx, y, float(scale))
@@ -187,6 +238,18 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale),
                      key if y.device.type != "cpu" else None, y.dtype)
     return dx if input_dtype == dx.dtype else dx.to(input_dtype)
+
+
+def backward_torch(dy: torch.Tensor, y: torch.Tensor, dim: int, scale: float | torch.Tensor, log: bool,
+                   input_dtype: torch.dtype) -> torch.Tensor:
+    """backward's formula in torch operators (``scale``: a float or scale_view's tensor): what our kernels do not
+    take, and a recorded backward with a tensor scale (autograd differentiates it again)."""
+    dyf, yf = dy.to(y.dtype), y
+    if log:
+        dx = scale * (dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True))
+    else:
+        dx = scale * yf * (dyf - (dyf * yf).sum(dim, keepdim=True))
+    return _like_input(dx.to(input_dtype), y, input_dtype)
 
 
 def forget_prepared() -> None:

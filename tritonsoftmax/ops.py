@@ -108,5 +108,16 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        # recorded (create_graph=True): through the operator, whose autograd formula gives the double backward
-        return _input_grad(ctx, dy, softmax_backward_op if torch.is_grad_enabled() else execute.backward)
+        if not torch.is_grad_enabled():
+            return _input_grad(ctx, dy, execute.backward)
+        # recorded (create_graph=True): through the operator, whose autograd formula gives the double backward;
+        # with a tensor of scales (which the operator's schema does not take) in torch operators
+        if isinstance(ctx.args[2], torch.Tensor):
+            return _input_grad(ctx, dy, _recorded_backward)
+        return _input_grad(ctx, dy, softmax_backward_op)
+
+
+def _recorded_backward(dy, y, dim, impl, scale, log, input_dtype):
+    """The backward with a tensor of scales where autograd records it: execute.backward_torch."""
+    dim = execute.normalize_dim(dim, y.dim())
+    return execute.backward_torch(dy, y, dim, execute.scale_view(scale, y, dim), log, input_dtype)

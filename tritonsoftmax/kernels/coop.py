@@ -45,6 +45,7 @@ from .row_ops import (
     load_f32,
     load_scaled,
     row_bases,
+    row_scale,
     tile_mask,
     tiles_grad_sum,
     tiles_grad_write,
@@ -88,7 +89,7 @@ def _softmax_coop_fwd_kernel(
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
     VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, FULL: tl.constexpr = 0, STAGGER: tl.constexpr = 0,
-    STAGGER_GROUPS: tl.constexpr = 2,
+    STAGGER_GROUPS: tl.constexpr = 2, ROW_SCALE: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) with the G = cdiv(N, TILES * BLOCK) programs of a row cooperating.
 
@@ -113,7 +114,8 @@ def _softmax_coop_fwd_kernel(
     FULL: 1 when every chunk is whole (held, TILES 1, on the plain path, ALIGN 1, with N a multiple of
     BLOCK; set by PreparedLaunch from constexprs.whole_chunks): loads and stores without a mask.
     STAGGER, STAGGER_GROUPS: as in the smem forward (stagger.row_wait; CoopLaunch sets STAGGER in resident mode,
-    with two groups: rows M/2 .. M - 1 wait STAGGER cycles before their loads).
+    with two groups: rows M/2 .. M - 1 wait STAGGER cycles before their loads). ROW_SCALE: as in the fused
+    kernel (one scale a row).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -122,6 +124,7 @@ def _softmax_coop_fwd_kernel(
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT or CLUSTER)
     row = ticket // G
     chunk = ticket % G
+    scale = row_scale(scale, row, ROW_SCALE)
     first = chunk * (TILES * BLOCK)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
@@ -177,7 +180,7 @@ def _softmax_coop_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr, PHASE: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, RESIDENT: tl.constexpr = 0, PER_WORD: tl.constexpr = 0,
-    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0,
+    VEC: tl.constexpr = 1, CLUSTER: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
 ):
     """Backward with the G programs of a row cooperating: each sums grad_term(dy, y) over its
     chunk, publishes it (exchange_sum: one int64 word a program, 2 floats of ws), waits for its
@@ -198,6 +201,7 @@ def _softmax_coop_bwd_kernel(
     ticket = take_ticket(sync_ptr, M * G, PHASE, RESIDENT or CLUSTER)
     row = ticket // G
     chunk = ticket % G
+    scale = row_scale(scale, row, ROW_SCALE)
     first = chunk * (TILES * BLOCK)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)

@@ -21,6 +21,8 @@ from .row_ops import (
     load_f32,
     load_scaled,
     row_offsets,
+    row_scale,
+    rows_scale,
     whole_row_lanes,
     whole_vectors,
 )
@@ -91,9 +93,13 @@ def _fused_fwd_tile(
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr,
+    ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
+    if ROWS == 1:
+        scale = row_scale(scale, tile, ROW_SCALE)
+    else:
+        scale = rows_scale(scale, tile * ROWS + tl.arange(0, ROWS), M, ROW_SCALE)
     if ROWS == 1 and ALIGN == 1:
         # One row as a 1-D tensor: the same code as a [1, BLOCK_N] tile on triton 3.6 apart from the
         # row mask (tile < M: the grid and the persistent loop never pass M), and only a 1-D
@@ -168,7 +174,7 @@ def _softmax_fused_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
-    TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0,
+    TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -199,6 +205,8 @@ def _softmax_fused_fwd_kernel(
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
     a value for a program of 1 warp; off where an offset could pass 2**31 - 1 (PreparedLaunch,
     kernel_family.pruned_for_key).
+    ROW_SCALE: ``scale`` points to one float32 scale a row (row order) instead of being one for all rows
+    (a per-row temperature; row_ops.row_scale).
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -206,12 +214,12 @@ def _softmax_fused_fwd_kernel(
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                        I32)
+                        I32, ROW_SCALE)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                             stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                            I32)
+                            I32, ROW_SCALE)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -222,7 +230,7 @@ def _softmax_fused_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0, HINTS: tl.constexpr = 1,
-    I32: tl.constexpr = 0, HELD: tl.constexpr = 0,
+    I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -240,11 +248,15 @@ def _softmax_fused_bwd_kernel(
     r * BLOCK_N (a compile-time stride, 64-bit): run-time strides and masks cost registers the 32K
     block cannot spare.
     HINTS: RELOAD's and DENSE's eviction hints (NVIDIA PTX); 0 on AMD, where they load plainly twice.
-    I32: as in the forward (several-row and tail tiles).
+    I32: as in the forward (several-row and tail tiles). ROW_SCALE: as in the forward.
     """
     pid = tl.program_id(0)
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
+    if ROWS == 1 and ALIGN > 1 and DENSE == 0:  # the realigned paths hold the row as 1-D pieces
+        scale = row_scale(scale, pid, ROW_SCALE)
+    else:
+        scale = rows_scale(scale, pid * ROWS + tl.arange(0, ROWS), M, ROW_SCALE)
     if (ROWS > 1 or ALIGN == 1) and TAIL > 0:
         # The rows held as their first BLOCK_N // 2 elements plus a TAIL-element tile (row_tail).
         rows = pid * ROWS + tl.arange(0, ROWS)

@@ -13,6 +13,7 @@ from .row_ops import (
     edges_max_sum,
     edges_write,
     row_bases,
+    row_scale,
     tiles_grad_sum,
     tiles_grad_write,
     tiles_max_sum,
@@ -37,7 +38,7 @@ def _softmax_online_fwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
-    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) of one row per program: an online (max, sum) pass, then a
     reverse write pass.
@@ -50,11 +51,12 @@ def _softmax_online_fwd_kernel(
     (see row_ops.online_update). An all -inf row still ends as NaN, like torch (or 0 with ZERO_MASKED).
     Pass 2 writes the output, last tile first (the tiles pass 1 left in cache); CACHE_OPT = 0 walks it
     first tile first instead (the textbook's forward order, kept to measure what the reverse order buys).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
+    VEC, ROW_SCALE: as in the fused kernel (rows of whole VEC-element vectors; one scale a row).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
+    scale = row_scale(scale, row, ROW_SCALE)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
@@ -76,17 +78,18 @@ def _softmax_online_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1,
-    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Backward of one row per program in two passes over BLOCK-wide tiles: pass 1 sums
     grad_term(dy, y) (dy * y, or dy for LOG) lane-wise, pass 2 (last tile first) writes
     dx = grad_input(...). dy_ptr/y_ptr share stride_g_*; dx_ptr uses stride_d_*; HINTS and ALIGN as
     in the forward (ALIGN > 1: dy, y and dx share one layout); CACHE_OPT = 0: pass 2 first tile first.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
+    VEC, ROW_SCALE: as in the fused kernel (rows of whole VEC-element vectors; one scale a row).
     """
     N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner = whole_vectors(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     row = tl.program_id(0)
+    scale = row_scale(scale, row, ROW_SCALE)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)
     d_row = dx_ptr + d_base

@@ -177,6 +177,26 @@ def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
 
 
 @triton.jit
+def row_scale(scale, row, ROW_SCALE: tl.constexpr):
+    """The scale of ``row``: ``scale`` itself (a float for every row), or with ROW_SCALE the row's entry of the
+    per-row scales (float32, one a row in row order) that ``scale`` points to."""
+    s = scale
+    if ROW_SCALE:
+        s = tl.load(scale + row).to(tl.float32)
+    return s
+
+
+@triton.jit
+def rows_scale(scale, rows, M, ROW_SCALE: tl.constexpr):
+    """row_scale for a tile of ``rows`` (an arange): with ROW_SCALE a [ROWS, 1] column of their scales (1 past
+    M), else ``scale``."""
+    s = scale
+    if ROW_SCALE:
+        s = tl.load(scale + rows, mask=rows < M, other=1.0).to(tl.float32)[:, None]
+    return s
+
+
+@triton.jit
 def finish(z, m, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output for scaled inputs ``z`` given the row max ``m`` and s = sum exp(z - m) (both
     broadcastable to ``z``): softmax exp(z - m) / s, or log_softmax z - m - log(s) when LOG.

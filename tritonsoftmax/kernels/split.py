@@ -34,6 +34,7 @@ from .row_ops import (
     load_f32,
     load_scaled,
     row_bases,
+    row_scale,
     store_out,
     sum_partials,
     tile_mask,
@@ -60,7 +61,7 @@ def _softmax_split_stats_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Pass 1: program p takes chunk g = p % G of row p // G (G = cdiv(N, TILES * BLOCK)).
 
@@ -72,7 +73,8 @@ def _softmax_split_stats_kernel(
     the fused kernel; chunks are cut from the realigned row's window (row_ops.row_window), chunk 0
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec). ROW_SCALE (every
+    split kernel): as in the fused kernel (one scale a row).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -80,6 +82,7 @@ def _softmax_split_stats_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
+    scale = row_scale(scale, row, ROW_SCALE)
     x_base, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                     stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
@@ -99,7 +102,7 @@ def _softmax_split_write_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr,
     BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Pass 2: combine row p // G's G partials into (max m_r, sum s_r), write chunk p % G.
 
@@ -115,6 +118,7 @@ def _softmax_split_write_kernel(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
+    scale = row_scale(scale, row, ROW_SCALE)
     x_base, y_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_x_outer, stride_x_inner,
                                                          stride_y_outer, stride_y_inner, N, ALIGN)
     x_row = x_ptr + x_base
@@ -143,7 +147,7 @@ def _softmax_split_bwd_partial_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Backward pass 1: ws[p] = sum of grad_term(dy, y) over chunk p % G of row p // G.
 
@@ -157,6 +161,7 @@ def _softmax_split_bwd_partial_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
+    scale = row_scale(scale, row, ROW_SCALE)
     g_row, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                    stride_d_outer, stride_d_inner, N, ALIGN)
     part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, lo, hi, LOG, BLOCK, TILES, HINTS,
@@ -174,7 +179,7 @@ def _softmax_split_bwd_write_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, BLOCK_G: tl.constexpr,
     HINTS: tl.constexpr = 1, ALIGN: tl.constexpr = 1, PDL: tl.constexpr = 0,
-    VEC: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Backward pass 2: sum row p // G's G partials, write dx for chunk p % G (last tile first; a
     one-tile chunk loaded before the partials are read). PDL as in the forward's pass 2; VEC as in the
@@ -183,6 +188,7 @@ def _softmax_split_bwd_write_kernel(
         N, stride_g_outer, stride_g_inner, stride_d_outer, stride_d_inner, VEC)
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
+    scale = row_scale(scale, row, ROW_SCALE)
     g_row, d_base, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                         stride_d_outer, stride_d_inner, N, ALIGN)
     d_row = dx_ptr + d_base

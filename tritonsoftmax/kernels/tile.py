@@ -12,7 +12,7 @@ from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import launches, sizing
 from .kernel_family import Family
-from .row_ops import exp, finish, load_scaled, row_offsets, whole_vectors
+from .row_ops import exp, finish, load_scaled, row_offsets, row_scale, whole_vectors
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -25,7 +25,7 @@ def _softmax_tile_fwd_kernel(
     stride_y_outer, stride_y_inner, stride_y_col,
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK: tl.constexpr,
-    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1,
+    VEC: tl.constexpr = 1, CACHE_OPT: tl.constexpr = 1, ROW_SCALE: tl.constexpr = 0,
 ):
     """Softmax (log_softmax, LOG) of one row per program in three passes over BLOCK-wide tiles.
 
@@ -36,11 +36,13 @@ def _softmax_tile_fwd_kernel(
     keeps s_vec, the lane-wise sum of exp(z - m). Pass 3 writes the output, first tile first
     (the first tiles are the ones pass 2 left in cache). CACHE_OPT = 0 walks pass 2 first to last too
     (the textbook's forward order, kept to measure what the reverse order buys).
-    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec).
+    VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec). ROW_SCALE: as in the
+    fused kernel (one scale a row).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     row = tl.program_id(0)
+    scale = row_scale(scale, row, ROW_SCALE)
     x_row = x_ptr + row_offsets(row, INNER, stride_x_outer, stride_x_inner)
     y_row = y_ptr + row_offsets(row, INNER, stride_y_outer, stride_y_inner)
     offs = tl.arange(0, BLOCK)
