@@ -172,6 +172,38 @@ def _peer(module: str, x: torch.Tensor):
         raise Unavailable(f"{module} not importable ({type(e).__name__}: {str(e).splitlines()[0][:80]})") from None
 
 
+def _softmax_over_temperature(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x / t, -1)
+
+
+def prepare_sampling(name: str, x: torch.Tensor, t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A callable computing softmax(x / t, -1), ``t`` one temperature a row (shape (M, 1)): what a sampler runs on
+    each step's logits. Ours takes the reciprocals as its per-row scale (computed once, as a sampler keeps them
+    per request); the peers without a per-row temperature raise Unavailable."""
+    if name in OURS:
+        import tritonsoftmax
+
+        if name == "smem":
+            raise Unavailable("smem takes one scale for all rows")
+        inv = (1.0 / t).float()
+        return lambda: tritonsoftmax.softmax(x, impl=name, scale=inv)
+    if name == "copy":
+        y = torch.empty_like(x)
+        return lambda: y.copy_(x)
+    if name == "torch":
+        return lambda: _softmax_over_temperature(x, t)
+    if name == "naive":
+        return lambda: _naive(x / t)()
+    if name == "compile":
+        if not x.is_cuda:
+            raise Unavailable("torch.compile is compared on the GPU only")
+        fn = compiled_per_point(_softmax_over_temperature)
+        return lambda: fn(x, t)
+    if name in ALL:
+        raise Unavailable(f"{LABELS[name]} has no per-row temperature")
+    raise ValueError(f"unknown provider {name!r}; choose from {', '.join(ALL)}")
+
+
 def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> Callable[[], torch.Tensor]:
     """A callable computing softmax's input gradient from the saved output ``y`` = softmax(x, -1)
     and the incoming gradient ``dy`` (all 2-D, contiguous); raises Unavailable like ``prepare``."""

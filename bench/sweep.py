@@ -10,7 +10,9 @@ GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x819
 (M = 4096, odd N from 1023 to 100003: rows off a 16-byte boundary), ``even`` (even N that are not
 multiples of 16, 100 to 50264: rows on 4-, 8- or 16-byte boundaries that Triton cannot see), ``vocab``
 (M = 4096, language models' vocabulary sizes, 32000 to 256000), ``router`` (16384 tokens over a
-mixture-of-experts router's 8 to 256 experts), ``dispatch`` (one shape for each family the
+mixture-of-experts router's 8 to 256 experts), ``sampling`` (1 to 256 rows of 128K-256K logits, one
+temperature a row: softmax(x / t), forward only; the peers without a per-row temperature sit it out),
+``dispatch`` (one shape for each family the
 dispatcher picks: with every family as a line, what auto's choice wins there). Lines:
 tritonsoftmax (auto and each family), a copy of the same bytes, torch.softmax, torch.compile,
 the Triton tutorial kernel, the naive five-op torch version, and Liger-Kernel, FlagGems and
@@ -69,6 +71,10 @@ PLOTS = {
     "router": {"x": "N", "shapes": [(16384, n) for n in (8, 16, 60, 64, 128, 160, 256)]},
     # One shape for each family the dispatcher picks (docs/dispatch.md): run with every family as a line, it shows
     # what auto's choice wins over the others there.
+    # Sampling: each decoding step's logits over a language model's vocabulary, 1-256 requests, each with its own
+    # temperature: softmax(x / t) with t one value a row (forward only).
+    "sampling": {"x": "point", "temperature": True,
+                 "shapes": [(m, n) for n in (131072, 151936, 262144) for m in (1, 8, 64, 256)]},
     "dispatch": {"x": "point", "shapes": [(4096, 4096), (4096, 16384), (4096, 16392), (4096, 32768), (4096, 65536),
                                           (4096, 262144), (8, 131072), (64, 152064), (32, 262144), (32, 524288),
                                           (4, 1048576), (1, 8388608)]},
@@ -200,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"error: unknown plots {sorted(unknown)}; choose from {', '.join(grid)}", file=sys.stderr)
             return 2
-        plots = {k: v for k, v in grid.items() if not args.plots or k in args.plots}
+        plots = {k: v for k, v in grid.items() if (not args.plots or k in args.plots)
+                 and not (args.mode == "bwd" and v.get("temperature"))}  # sampling: forward only
         suite = f"sweep-{args.mode}"
     if args.shapes:
         keep = {tuple(map(int, s.lower().split("x"))) for s in args.shapes}
@@ -260,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
             for M, N in spec["shapes"]:
                 done += 1
                 x = torch.randn(M, N, device="cuda" if on_gpu else "cpu", dtype=dtype)
-                if args.mode == "fwd":
+                temperature = None
+                if spec.get("temperature"):  # one temperature a row, 0.5 .. 1.5
+                    temperature = (torch.rand(M, 1, device=x.device) + 0.5).to(dtype)
+                    ref = torch.softmax(x.double() / temperature.double(), -1)
+                elif args.mode == "fwd":
                     ref = torch.softmax(x.double(), -1)
                 else:
                     y = torch.softmax(x.float(), -1).to(dtype)
@@ -269,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                 fns = {}
                 for name in args.providers:
                     try:
-                        fn = peers.prepare(name, x) if args.mode == "fwd" else peers.prepare_backward(name, x, y, dy)
+                        if temperature is not None:
+                            fn = peers.prepare_sampling(name, x, temperature)
+                        elif args.mode == "fwd":
+                            fn = peers.prepare(name, x)
+                        else:
+                            fn = peers.prepare_backward(name, x, y, dy)
                         out_ = fn()
                         if name != "copy":
                             err = (out_.double() - ref).abs().max().item()

@@ -338,3 +338,20 @@ def test_tutorial_provider_sizes_its_grid_from_registers_as_the_tutorial_does():
     assert tutorial_programs(4096, 128, 0, h200) == 132 * 2
     assert tutorial_programs(4096, 32, 100000, h200) == 132 * 2, "shared memory bounds it too"
     assert tutorial_programs(100, 32, 0, h200) == 100, "never more programs than rows"
+
+
+def test_sampling_providers_divide_by_one_temperature_a_row():
+    """The sampling plot's lines: ours with the reciprocals as its per-row scale, torch and the naive version on
+    x / t; the peers without a per-row temperature sit it out."""
+    from bench import peers
+    from conftest import DEVICE
+
+    x = torch.randn(3, 500, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    t = torch.tensor([[0.5], [1.0], [1.5]], device=DEVICE)
+    want = torch.softmax(x.double() / t.double(), -1)
+    for name in ("auto", "coop", "torch", "naive"):
+        got = peers.prepare_sampling(name, x, t)()
+        assert (got.double() - want).abs().max().item() <= 1e-6, name
+    for name in ("liger", "quack", "smem", "previous"):
+        with pytest.raises(peers.Unavailable, match="temperature|one scale"):
+            peers.prepare_sampling(name, x, t)
