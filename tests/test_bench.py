@@ -343,8 +343,10 @@ def test_tutorial_provider_sizes_its_grid_from_registers_as_the_tutorial_does():
 def test_sampling_providers_divide_by_one_temperature_a_row():
     """The sampling plot's lines: ours with the reciprocals as its per-row scale, torch and the naive version on
     x / t; the peers without a per-row temperature sit it out."""
-    from bench import peers
+    import torch
     from conftest import DEVICE
+
+    from bench import peers
 
     x = torch.randn(3, 500, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     t = torch.tensor([[0.5], [1.0], [1.5]], device=DEVICE)
