@@ -3,6 +3,7 @@
     python -m bench.sweep                                   # default grid, all dtypes (GPU)
     python -m bench.sweep --preset design --dtype float32   # exactly the design notes' table of shapes
     python -m bench.sweep --plots m4096 --dtype bfloat16    # one part of the grid
+    python -m bench.sweep --preset every-n --plots every-n-m4096 --sample 10 --mode bwd   # a slice of every-n
     python -m bench.sweep --quick                           # a small grid (the default without a GPU)
 
 Plots: ``m4096`` (M = 4096, N = 256 .. 262144), ``few-131072`` and ``few-1m`` (few long rows:
