@@ -8,6 +8,7 @@ import pytest
 import torch
 from compile_scripts import run_compile_script
 from conftest import DEVICE
+from shipped_tables import sm90_launch_modes
 from softmax_ref import assert_grad_close, assert_softmax_close, poisoned_like, random_input
 from synthetic_devices import GFX942, SM75, SM89, SM90
 
@@ -16,6 +17,7 @@ from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, exchange, gluon_available, launches, sizing, smem_launch
 from tritonsoftmax.kernels.exchange import MBAR_BYTES, SLOT_BYTES
 from tritonsoftmax.layout import matrix_problem, whole_vectors
+from tritonsoftmax.policy import launch_modes, policy_for
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 
@@ -88,7 +90,7 @@ def test_smem_launch_keeps_the_per_word_departure_off_its_cluster_launch():
     departs from nothing, does not."""
     x = torch.empty(4096, 131072, dtype=torch.bfloat16)
     launch = smem().FAMILY.prepare(matrix_problem(x, x), smem_cluster_config(131072, 8192), SM90, flags=FWD_FLAGS,
-                                   two_phase=False)
+                                   two_phase=False, modes=sm90_launch_modes())
     assert launch._cluster.cluster == 16 and launch._cluster.config["CLUSTER"] == 1
     assert "PER_WORD" not in launch._cluster.flags
     assert launch.per_word and [p.flags["PER_WORD"] for p in launch.launches] == [1]
@@ -405,7 +407,7 @@ def test_gpu_few_fp32_rows_run_smem_clusters_through_auto(M, N):
         y = poisoned_like(x)
         p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, False, True, True)
         launch = p.family.prepare(matrix_problem(x, y), p.config, p.device, p.from_store,
-                                  {"LOG": int(log), "ZERO_MASKED": 0})
+                                  {"LOG": int(log), "ZERO_MASKED": 0}, modes=p.modes)
         launch(x, y, 1.0)
         assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
         assert ("LEAD" in dict(launch.config.meta)) == (N * 4 % 128 != 0) and info.sm_version >= 90
@@ -437,7 +439,8 @@ def test_gpu_few_fp32_rows_backward_run_smem_clusters_through_auto(M, N, log):
     dy = random_input((M, N), torch.float32, DEVICE, seed=M + 1)
     dx = poisoned_like(x)
     p = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device, True, whole_vectors(N, 4), True)
-    launch = p.family.prepare(matrix_problem(dy, dx), p.config, p.device, p.from_store, {"LOG": int(log)})
+    launch = p.family.prepare(matrix_problem(dy, dx), p.config, p.device, p.from_store, {"LOG": int(log)},
+                              modes=p.modes)
     launch(dy, dx, y, 1.0)
     assert p.impl == "smem" and launch.mode == "cluster" and launch.fallbacks == 0, launch.cluster_error
     assert ("LEAD" in dict(launch.config.meta)) == (N * 4 % 128 != 0)
@@ -480,10 +483,14 @@ def test_gpu_smem_cluster_rows_off_lines(scale):
     (torch.bfloat16, 4096, 65536, SM89, False)])  # no clusters
 def test_smem_backward_heuristic_takes_cluster_mode_by_the_rule(dtype, M, N, device, want):
     x = torch.empty(M, N, dtype=dtype)
-    launch = smem().BWD_FAMILY.prepare(matrix_problem(x, x), None, device, flags={"LOG": 0}, two_phase=False)
+    modes = launch_modes(policy_for(device))  # what the device's policy gives its launches (none for sm_89)
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(x, x), None, device, flags={"LOG": 0}, two_phase=False,
+                                       modes=modes)
     assert clustered(launch.config) is want and (launch._cluster is not None) is want
-    assert smem_launch.backward_cluster(matrix_problem(x, x), launch.config, device) is want
-    forward = smem().FAMILY.prepare(matrix_problem(x, x), None, device, flags=FWD_FLAGS, two_phase=False)
+    assert smem_launch.backward_cluster(matrix_problem(x, x), launch.config, device,
+                                        sm90_launch_modes().smem_bwd_cluster) is want
+    forward = smem().FAMILY.prepare(matrix_problem(x, x), None, device, flags=FWD_FLAGS, two_phase=False,
+                                    modes=modes)
     assert not clustered(forward.config)  # the forward is not ruled into cluster mode
 
 

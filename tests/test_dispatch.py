@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from shipped_tables import sm90_launch_modes
 from synthetic_devices import GFX942, GFX1201, SM75, SM89, SM90, meta_problem
 
 from tritonsoftmax import dispatch
@@ -328,7 +329,7 @@ def test_few_fp32_rows_of_32k_to_256k_beyond_what_coop_holds_go_to_smem_clusters
     assert dispatch.choose(M, N, torch.float32, SM90, backward=True).impl == ("smem" if backward else "coop")
     assert (chunks(N, dict(config.meta)), config["TILES"]) == want and config["BLOCK"] == 1024
     assert config["CLUSTER"] == 1 and config["BLOCK_G"] == 16 and config.num_warps == 4
-    run = family("smem").dispatched_form(meta_problem(M, N), config, SM90)
+    run = family("smem").dispatched_form(meta_problem(M, N), config, SM90, sm90_launch_modes())
     assert chunks(N, dict(run.meta)) == want[0] and run["TILES"] == want[1], "the cut keeps the ruled chunks"
     for other in (dispatch.Shape(M, N, torch.bfloat16, SM90), dispatch.Shape(M, N, torch.bfloat16, SM90, backward=True),
                   dispatch.Shape(M, N, torch.float32, SM89), dispatch.Shape(M, N, torch.float32, GFX942)):
@@ -651,3 +652,27 @@ def test_an_arch_file_policy_overrides_the_default_key_by_key(tmp_path, monkeypa
         assert not dispatch.few_rows(dispatch.Shape(3 * 64, 4096, torch.float32, GFX1201))
     finally:
         dispatch.clear_cache()
+
+
+def test_plans_carry_the_arch_policys_launch_modes_to_the_launch(monkeypatch):
+    """The launch modes a launch picks for itself (stagger, per-word departure, smem's backward clusters) are
+    measured bounds from the arch's policy: an H200 plan carries the shipped ones and its launch gets them through
+    execute; a GPU with no table gets none (every such mode off)."""
+    from tritonsoftmax import execute
+    from tritonsoftmax.kernels.launch_modes import NO_MODES, LaunchModes
+    from tritonsoftmax.layout import matrix_problem
+
+    h200 = sm90_launch_modes()
+    assert h200.stagger and h200.per_word and h200.smem_bwd_cluster
+    assert dispatch.resolve("coop", 8, 131072, torch.float32, SM90).modes == h200
+    assert dispatch.resolve("coop", 8, 131072, torch.float32, SM89).modes == NO_MODES
+    monkeypatch.setattr(dispatch, "device_info", lambda device: SM90)
+    dispatch.clear_cache()
+    try:
+        x = torch.zeros(8, 131072)
+        launch = execute._prepare(matrix_problem(x, x), x, x, "coop", {"LOG": 0, "ZERO_MASKED": 0}, False)
+        assert launch.modes == h200
+    finally:
+        dispatch.clear_cache()
+    with pytest.raises(TypeError, match="unknown launch modes"):
+        LaunchModes.from_values({"stager": {}})

@@ -9,6 +9,7 @@ import torch
 from compile_scripts import run_compile_script
 from conftest import DEVICE
 from exchange_checks import assert_departure_without_wait, assert_fence_free_exchange
+from shipped_tables import sm90_launch_modes
 from softmax_ref import assert_grad_close, assert_softmax_close, coop_scratch_ready, poisoned_like, random_input
 from synthetic_devices import SM90
 
@@ -16,6 +17,7 @@ from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import backward_family, coop, coop_launch, exchange, family, gluon_available
 from tritonsoftmax.layout import matrix_problem
+from tritonsoftmax.policy import launch_modes, policy_for
 
 PER_WORD = {"PER_WORD": 1, "BLOCK_G": 256}  # BLOCK_G >= the 4 warps' threads, wave64 included (CoopLaunch)
 CASES = [["fwd", {}], ["fwd", {"TILES": 4}], ["bwd", {}], ["fwd", {"RESIDENT": 1}],
@@ -24,6 +26,8 @@ CASES = [["fwd", {}], ["fwd", {"TILES": 4}], ["bwd", {}], ["fwd", {"RESIDENT": 1
 SINGLE, PER_WORD_CASES, TWO_PHASES = CASES[:8], CASES[4:8], CASES[8:]
 SINGLE_IDS = ["fwd", "fwd-tiles", "bwd", "resident", "per-word-fwd", "per-word-fwd-tiles", "per-word-bwd",
               "per-word-resident"]
+
+H200 = sm90_launch_modes().per_word  # the H200's measured per-word departure bounds
 
 
 def _compile(target: str) -> dict:
@@ -101,9 +105,11 @@ def test_coop_polls_with_atomics_on_amd(target):
 
 
 def test_per_word_departure_for_many_rows_of_8_to_16_chunks():
-    assert [exchange.per_word_departure(g, 4096, SM90) for g in (2, 4, 7, 8, 16, 17, 64)] == \
+    assert [exchange.per_word_departure(g, 4096, SM90, H200) for g in (2, 4, 7, 8, 16, 17, 64)] == \
         [False, False, False, True, True, False, False]
-    assert exchange.per_word_departure(16, 4 * 132, SM90) and not exchange.per_word_departure(16, 4 * 132 - 1, SM90)
+    assert exchange.per_word_departure(16, 4 * 132, SM90, H200)
+    assert not exchange.per_word_departure(16, 4 * 132 - 1, SM90, H200)
+    assert not exchange.per_word_departure(16, 4096, SM90, None), "no measured bounds (the default policy): off"
 
 
 @pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
@@ -114,18 +120,21 @@ def test_a_per_word_launch_widens_block_g_and_counts_every_word():
     from tritonsoftmax.kernels import smem
 
     x = torch.empty(4096, 262144, dtype=torch.bfloat16, device="meta")
+    modes = sm90_launch_modes()
     launch = smem.FAMILY.prepare(matrix_problem(x, x), None, SM90, flags={"LOG": 0, "ZERO_MASKED": 0},
-                                 two_phase=False)
+                                 two_phase=False, modes=modes)
     assert launch.per_word and launch.config["BLOCK_G"] == 16
+    assert not smem.FAMILY.prepare(matrix_problem(x, x), None, SM90, two_phase=False).per_word, "no modes: off"
     assert launch.launches[0].config["BLOCK_G"] == 128 and launch.launches[0].flags["PER_WORD"] == 1
     assert launch.sync_words == 2 + 4096 * 16
-    two = smem.FAMILY.prepare(matrix_problem(x, x), None, SM90, flags={"LOG": 0, "ZERO_MASKED": 0}, two_phase=True)
+    two = smem.FAMILY.prepare(matrix_problem(x, x), None, SM90, flags={"LOG": 0, "ZERO_MASKED": 0}, two_phase=True,
+                              modes=modes)
     assert not two.per_word and "PER_WORD" not in two.launches[0].flags and two.sync_words == 2 + 4096
     few = torch.empty(64, 262144, dtype=torch.bfloat16, device="meta")
-    assert not smem.FAMILY.prepare(matrix_problem(few, few), None, SM90, two_phase=False).per_word
+    assert not smem.FAMILY.prepare(matrix_problem(few, few), None, SM90, two_phase=False, modes=modes).per_word
     f32 = torch.empty(4096, 65536, dtype=torch.float32, device="meta")  # 8 chunks of coop's 8192
     config = LaunchConfig.make(8, BLOCK=8192, TILES=1, BLOCK_G=8)
-    assert not coop.BWD_FAMILY.prepare(matrix_problem(f32, f32), config, SM90, two_phase=False).per_word
+    assert not coop.BWD_FAMILY.prepare(matrix_problem(f32, f32), config, SM90, two_phase=False, modes=modes).per_word
 
 
 # (family, backward, dtype, M, N, config or None for the heuristic, forced): forced runs depart word by word
@@ -163,7 +172,8 @@ def test_per_word_departure_on_the_gpu(monkeypatch, name, backward, dtype, M, N,
     flags = {"LOG": 0} if backward else {"LOG": 0, "ZERO_MASKED": 0}
     for _ in range(3):
         out = poisoned_like(x)
-        launch = fam.prepare(matrix_problem(x, out), config, info, flags=flags, two_phase=False)
+        launch = fam.prepare(matrix_problem(x, out), config, info, flags=flags, two_phase=False,
+                             modes=launch_modes(policy_for(info)))
         assert launch.per_word and launch.launches[0].flags["PER_WORD"] == 1
         if backward:
             launch(x, out, y_saved, 1.0)

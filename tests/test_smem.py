@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
 from exchange_checks import assert_exchange_of_phase
+from shipped_tables import sm90_launch_modes
 from softmax_ref import (
     TOL,
     assert_grad_close,
@@ -30,7 +31,9 @@ from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, gluon_available, sizing, smem_launch
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import matrix_problem, whole_vectors
-from tritonsoftmax.policy import policy_for
+from tritonsoftmax.policy import launch_modes, policy_for
+
+MODES = sm90_launch_modes()  # the launch modes the H200's policy gives its launches
 
 pytestmark = pytest.mark.skipif(not gluon_available(), reason="this triton has no Gluon with the NVIDIA backend")
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
@@ -381,7 +384,7 @@ def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
     (torch.float32, 32, 152064, (1000, 8)),   # 0.73 of a wave in cluster mode: 8 groups of 4 rows (2.4 MB)
     (torch.float32, 24, 152064, (1000, 8)),   # 3 rows (1.8 MB) a group
     (torch.float32, 20, 152064, (1500, 4)),   # 8 groups would hold 2 rows (1.2 MB): 4 of 5
-    (torch.float32, 38, 152064, (1000, 8)),   # 0.86 of a wave: under stagger.MAX_GROUPED_WAVE
+    (torch.float32, 38, 152064, (1000, 8)),   # 0.86 of a wave: under the H200 max_grouped_wave
     (torch.float32, 44, 131072, None),        # 0.89 of a wave
     (torch.bfloat16, 48, 152064, (1000, 8)),
     (torch.bfloat16, 32, 200000, (1500, 4)),
@@ -395,8 +398,8 @@ def test_a_staggered_config_compiles_to_16_byte_copies_after_one_timed_wait():
 ], ids=str)
 def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, want):
     """staggered, through dispatched_form (what auto runs): STAGGER where the launch fills at most
-    stagger.MAX_WAVE of what the SMs hold and its early half reads for stagger.MIN_CYCLES; in cluster mode the rows
-    wait in the most groups (STAGGER_GROUPS, up to stagger.MAX_GROUPS) that read for stagger.MIN_GROUP_CYCLES each,
+    the H200 bounds' max_wave of what the SMs hold and its early half reads for min_cycles; in cluster mode the rows
+    wait in the most groups (STAGGER_GROUPS, up to max_groups) that read for min_group_cycles each,
     else in halves; a group's bytes over stagger.bytes_per_cycle in whole stagger.STEPs, capped. Never for the
     backward."""
     mod = smem()
@@ -406,28 +409,29 @@ def test_forward_staggers_the_late_rows_of_a_launch_under_a_wave(dtype, M, N, wa
     shape = dispatch.Shape(M, N, dtype, SM90, False, True, True)
     entry = dispatch.stored(SM90, mod.FAMILY, dtype, N, M)
     config = dispatch.ruled_config("smem", shape) or (entry.config if entry else smem_launch.heuristic(SM90, M, N))
-    got = dict(mod.FAMILY.dispatched_form(problem, config, SM90).meta)
+    got = dict(mod.FAMILY.dispatched_form(problem, config, SM90, MODES).meta)
     assert (None if "STAGGER" not in got else (got["STAGGER"], got.get("STAGGER_GROUPS"))) == want, got
-    assert "STAGGER" not in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90).meta)
+    assert "STAGGER" not in dict(mod.BWD_FAMILY.dispatched_form(problem, config, SM90, MODES).meta)
 
 
 def test_stagger_needs_a_register_cap_two_rows_an_nvidia_gpu_and_enough_bytes():
     """staggered groups the rows of a cluster launch only (a resident one waits in halves), and leaves alone what it
     cannot count (no register cap: 8 warps), a single row (no late half), AMD, and launches whose early half reads in
-    under stagger.MIN_CYCLES."""
+    under min_cycles."""
     capped = LaunchConfig.make(4, options={"maxnreg": 96}, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
 
-    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER"] == 1000
-    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90)["STAGGER_GROUPS"] == 8
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90, MODES.stagger)["STAGGER"] == 1000
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), SM90, MODES.stagger)["STAGGER_GROUPS"] == 8
     resident = capped.with_meta(CLUSTER=0)
-    got = dict(smem_launch.staggered(resident, meta_problem(32, 152064), SM90).meta)
+    got = dict(smem_launch.staggered(resident, meta_problem(32, 152064), SM90, MODES.stagger).meta)
     assert got == {**dict(resident.meta), "STAGGER": 5000}
-    assert smem_launch.staggered(capped, meta_problem(32, 152064), GFX942) == capped
+    assert smem_launch.staggered(capped, meta_problem(32, 152064), GFX942, MODES.stagger) == capped
     uncapped = LaunchConfig.make(8, BLOCK=1024, TILES=10, BLOCK_G=16, CLUSTER=1)
-    assert smem_launch.staggered(uncapped, meta_problem(32, 152064), SM90) == uncapped
-    assert smem_launch.staggered(capped, meta_problem(1, 152064), SM90) == capped
+    assert smem_launch.staggered(uncapped, meta_problem(32, 152064), SM90, MODES.stagger) == uncapped
+    assert smem_launch.staggered(capped, meta_problem(1, 152064), SM90, MODES.stagger) == capped
     small = LaunchConfig.make(4, options={"maxnreg": 64}, BLOCK=1024, TILES=2, BLOCK_G=16, CLUSTER=1)
-    assert smem_launch.staggered(small, meta_problem(4, 32768), SM90) == small  # 256 KB early: ~146 cycles
+    # 256 KB early: ~146 cycles
+    assert smem_launch.staggered(small, meta_problem(4, 32768), SM90, MODES.stagger) == small
 
 
 @pytest.mark.parametrize("tiles,block,itemsize,held,cap", [
@@ -525,10 +529,10 @@ def test_a_cluster_config_keeps_lead_under_the_cap_its_chunks_allow(meta, N, cap
     problem = matrix_problem(x, x)
     assert smem_launch.line_lead(problem) == 56
     config = LaunchConfig.make(4, **meta)
-    got = mod.FAMILY.dispatched_form(problem, config, SM90)
+    got = mod.FAMILY.dispatched_form(problem, config, SM90, MODES)
     assert got["LEAD"] == 56 and got.launch_kwargs()["maxnreg"] == cap, got
     assert got == smem_launch.register_capped(smem_launch.balanced_config(config, N, 2, SM90, 56), 2, 1, SM90), got
-    back = mod.BWD_FAMILY.dispatched_form(problem, config, SM90)
+    back = mod.BWD_FAMILY.dispatched_form(problem, config, SM90, MODES)
     want = smem_launch.register_capped(smem_launch.balanced_config(config, N, 2, SM90, 56, held=2), 2, 2, SM90)
     assert back["LEAD"] == 56 and back == want
 
@@ -545,7 +549,7 @@ def test_a_launch_balances_the_dispatchers_config_and_keeps_an_explicit_one():
     assert heuristic.config == stored.config == want and want.meta != base.meta and want["LEAD"] == 56
     assert dict(want.options) == {"maxnreg": 64}
     assert explicit.config == base
-    assert smem().FAMILY.dispatched_form(matrix_problem(x, x), base, SM90) == want
+    assert smem().FAMILY.dispatched_form(matrix_problem(x, x), base, SM90, MODES) == want
     assert heuristic._may_give_up and stored._may_give_up and not explicit._may_give_up
 
 
@@ -682,7 +686,8 @@ def test_staggered_launches_through_auto_match_float64(dtype, M, N, groups):
     x = random_input((M, N), dtype, DEVICE, seed=M + N)
     plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)
     assert plan.impl == "smem"
-    launch = plan.family.prepare(matrix_problem(x, x), plan.config, plan.device, plan.from_store, FLAGS)
+    launch = plan.family.prepare(matrix_problem(x, x), plan.config, plan.device, plan.from_store, FLAGS,
+                                 modes=plan.modes)
     assert launch.config["STAGGER"] > 0 and dict(launch.config.meta).get("STAGGER_GROUPS") == groups, launch.config
     y = poisoned_like(x)
     launch(x, y, 1.0)
@@ -1116,7 +1121,8 @@ def test_backward_cooperative_equals_two_phase_and_survives_repeats(M, N, dtype)
     two = poisoned_like(dy)
     smem().BWD_FAMILY.prepare(matrix_problem(dy, two), None, info, flags={"LOG": 0}, two_phase=True)(dy, two, y, 1.0)
     dx = poisoned_like(dy)
-    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, info, flags={"LOG": 0})
+    launch = smem().BWD_FAMILY.prepare(matrix_problem(dy, dx), None, info, flags={"LOG": 0},
+                                       modes=launch_modes(policy_for(info)))
     for _ in range(20):
         launch(dy, dx, y, 1.0)
     torch.cuda.synchronize()

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from compile_scripts import run_compile_script
 from conftest import DEVICE
+from shipped_tables import sm90_launch_modes
 from softmax_ref import assert_log_softmax_close, assert_softmax_close, poisoned_like, random_input
 from synthetic_devices import GFX942, SM90, meta_problem
 
@@ -18,6 +19,8 @@ from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, stagger
 from tritonsoftmax.layout import matrix_problem
+
+H200 = sm90_launch_modes().stagger  # the H200's measured stagger bounds (its policy's launch_modes)
 
 FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
 
@@ -34,7 +37,7 @@ FLAGS = {"LOG": 0, "ZERO_MASKED": 0}
 ], ids=str)
 def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(M, N, dtype, programs, per_sm,
                                                                                   want):
-    meta = stagger.stagger_meta(meta_problem(M, N, dtype), programs, per_sm, SM90)
+    meta = stagger.stagger_meta(meta_problem(M, N, dtype), programs, per_sm, SM90, H200)
     assert meta == ({"STAGGER": want} if want else {})
 
 
@@ -48,7 +51,7 @@ def test_the_late_half_waits_for_the_early_halfs_bytes_in_a_launch_under_a_wave(
     (8, 131072, torch.float32, None),          # the early half under MIN_CYCLES: no wait at all
 ], ids=str)
 def test_a_grouped_launch_waits_in_the_most_groups_that_read_for_min_group_cycles(M, N, dtype, want):
-    meta = stagger.stagger_meta(meta_problem(M, N, dtype), 512, 5, SM90, grouped=True)
+    meta = stagger.stagger_meta(meta_problem(M, N, dtype), 512, 5, SM90, H200, grouped=True)
     assert (None if not meta else (meta["STAGGER"], meta.get("STAGGER_GROUPS"))) == want, meta
 
 
@@ -58,17 +61,17 @@ def test_groups_wait_in_launches_up_to_max_grouped_wave_and_halves_up_to_max_wav
     full = per_sm * SM90.sm_count
     for fraction, grouped, staggers in ((0.86, True, True), (0.89, True, False), (0.79, False, True),
                                         (0.86, False, False)):
-        meta = stagger.stagger_meta(problem, int(fraction * full), per_sm, SM90, grouped=grouped)
+        meta = stagger.stagger_meta(problem, int(fraction * full), per_sm, SM90, H200, grouped=grouped)
         assert bool(meta) == staggers, (fraction, grouped, meta)
     # a grouped launch that can only have two groups is held to the halves' limit
     halves_only = meta_problem(2, 4 * 1048576)
-    assert stagger.stagger_meta(halves_only, int(0.79 * full), per_sm, SM90, grouped=True) == {"STAGGER": 5000}
-    assert stagger.stagger_meta(halves_only, int(0.86 * full), per_sm, SM90, grouped=True) == {}
+    assert stagger.stagger_meta(halves_only, int(0.79 * full), per_sm, SM90, H200, grouped=True) == {"STAGGER": 5000}
+    assert stagger.stagger_meta(halves_only, int(0.86 * full), per_sm, SM90, H200, grouped=True) == {}
 
 
 def test_no_wait_off_nvidia():
-    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942) == {}
-    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942, grouped=True) == {}
+    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942, H200) == {}
+    assert stagger.stagger_meta(meta_problem(32, 152064), 512, 5, GFX942, H200, grouped=True) == {}
 
 
 @pytest.mark.parametrize("groups", [2, 4, 8])
@@ -131,10 +134,11 @@ def test_coops_resident_launch_staggers_through_auto_and_matches_float64(M, N, d
     x = random_input((M, N), dtype, DEVICE, seed=M + N)
     plan = dispatch.plan("auto", M, N, dtype, dtype, x.device, False, True, True)
     assert plan.impl == "coop"
-    launch = plan.family.prepare(matrix_problem(x, x), plan.config, device_info(x.device), plan.from_store, FLAGS)
+    launch = plan.family.prepare(matrix_problem(x, x), plan.config, device_info(x.device), plan.from_store, FLAGS,
+                                 modes=plan.modes)
     y = poisoned_like(x)
     launch(x, y, 1.0)
-    assert launch.mode == "resident" and launch.stagger >= stagger.MIN_CYCLES, (launch.mode, launch.stagger)
+    assert launch.mode == "resident" and launch.stagger >= H200.min_cycles, (launch.mode, launch.stagger)
     assert_softmax_close(y, x)
     y.fill_(float("nan"))
     launch(x, y, 1.0)  # the warm path runs the staggered kernel too
@@ -148,14 +152,14 @@ def test_bytes_a_cycle_come_from_the_devices_clocks():
     H200 (4.81 TB/s, 1.98 GHz), twice that with half the clock; a device that does not say its clocks never waits."""
     import dataclasses
 
-    assert stagger.bytes_per_cycle(SM90) == 1800
+    assert stagger.bytes_per_cycle(SM90, H200.read_share) == 1800
     slow = dataclasses.replace(SM90, sm_clock_khz=SM90.sm_clock_khz // 2)
-    assert stagger.bytes_per_cycle(slow) == 3600
+    assert stagger.bytes_per_cycle(slow, H200.read_share) == 3600
     unknown = dataclasses.replace(SM90, sm_clock_khz=0)
-    assert stagger.bytes_per_cycle(unknown) == 0
+    assert stagger.bytes_per_cycle(unknown, H200.read_share) == 0
     problem = meta_problem(32, 152064)
-    assert stagger.stagger_meta(problem, 512, 5, SM90)
-    assert stagger.stagger_meta(problem, 512, 5, unknown) == {}
+    assert stagger.stagger_meta(problem, 512, 5, SM90, H200)
+    assert stagger.stagger_meta(problem, 512, 5, unknown, H200) == {}
     # the same bytes take half the cycles at half the clock
-    assert stagger.stagger_meta(problem, 512, 5, slow)["STAGGER"] <= stagger.stagger_meta(problem, 512, 5, SM90)[
-        "STAGGER"] // 2 + stagger.STEP
+    fast = stagger.stagger_meta(problem, 512, 5, SM90, H200)["STAGGER"]
+    assert stagger.stagger_meta(problem, 512, 5, slow, H200)["STAGGER"] <= fast // 2 + stagger.STEP

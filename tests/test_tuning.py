@@ -496,11 +496,11 @@ def test_tuner_times_each_config_as_the_dispatcher_will_run_it(tmp_path, monkeyp
     formed, prepared = [], []
     real_prepare = kernel_family.Family.prepare
 
-    def dispatched_form(self, problem, config, device):
+    def dispatched_form(self, problem, config, device, modes=None):
         formed.append(config)
         return config.with_options(marked=1)
 
-    def prepare(self, problem, config, device, from_store=False, flags=None):
+    def prepare(self, problem, config, device, from_store=False, flags=None, modes=None):
         prepared.append(config)
         unmarked = LaunchConfig.make(config.num_warps, config.num_stages,
                                      {k: v for k, v in config.options if k != "marked"}, **dict(config.meta))

@@ -30,6 +30,7 @@ from .kernels import (
 )
 from .kernels.constexprs import held_length, row_tail
 from .kernels.coop import COOP_CHUNK
+from .kernels.launch_modes import NO_MODES, LaunchModes
 from .kernels.sizing import chunks, heuristic_warps
 from .layout import ALIGN_BYTES, whole_vectors
 from .policy import Policy, policy_for
@@ -359,13 +360,15 @@ class Plan:
     """A decided launch: the family and either the dispatcher's config (``from_store``: the tuning
     store's, held_row_config's for fused rows held with a tail or reload_row_config's for the fused backward
     of many rows that fill their block; a launch that fails with it
-    autotunes instead) or None (autotune)."""
+    autotunes instead) or None (autotune); ``modes``: the arch's bounds of the launch modes a launch picks for
+    itself (the policy's launch_modes)."""
 
     impl: str
     family: object
     config: LaunchConfig | None
     device: DeviceInfo
     from_store: bool = False
+    modes: LaunchModes = NO_MODES
 
 
 _plans: dict[tuple, Plan] = {}
@@ -421,7 +424,7 @@ def resolve(impl: str, M: int, N: int, dtype: torch.dtype, info: DeviceInfo, bac
     ruled = ruled_config(name, Shape(M, N, dtype, info, backward, aligned, dense))
     entry = None if ruled else stored(info, fam, dtype, N, M)
     config = ruled or (entry.config if entry else None)
-    return Plan(name, fam, config, info, config is not None)
+    return Plan(name, fam, config, info, config is not None, policy.launch_modes(policy_for(info)))
 
 
 def plan(impl: str, M: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype,

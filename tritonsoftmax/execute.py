@@ -210,7 +210,7 @@ def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl:
     dense = problem.rows_dense() and x.element_size() == y.element_size()
     p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense,
                       bool(flags.get("ROW_SCALE")))
-    return p.family.prepare(problem, p.config, p.device, p.from_store, flags)
+    return p.family.prepare(problem, p.config, p.device, p.from_store, flags, modes=p.modes)
 
 
 def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: float | torch.Tensor, log: bool,

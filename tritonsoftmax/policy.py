@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from . import tuning
 from .device import DeviceInfo
+from .kernels.launch_modes import NO_MODES, LaunchModes
 
 # The coop forward program (4 warps holding a COOP_CHUNK chunk) compiles to about this many registers a thread
 # on NVIDIA: the programs an SM holds at once follow from the register file.
@@ -77,8 +78,17 @@ class Policy:
     # max_registers, min_threads_per_sm, rows: {bytes: {block: [rows, warps, least, most]}},
     # dense_rows: {bytes: {block: [rows, warps]}}}.
     reload: dict | None = None
+    # The bounds of the modes a launch picks for itself (kernels/launch_modes.py): {"stagger": {read_share, max_wave,
+    # max_grouped_wave, min_cycles, max_cycles, max_groups, min_group_cycles}, "per_word": {min_chunks, max_chunks,
+    # rows_per_sm}, "smem_bwd_cluster": {max_chunks, max_programs}}; a mode left out stays off.
+    launch_modes: dict | None = None
     # Where the measured values came from (a file), for diagnostics; empty for the default policy.
     source: tuple[str, ...] = field(default=(), compare=False)
+
+
+def launch_modes(policy: Policy) -> LaunchModes:
+    """The policy's launch_modes as the launches take them (NO_MODES where it has none)."""
+    return LaunchModes.from_values(policy.launch_modes) if policy.launch_modes else NO_MODES
 
 
 def default_policy(device: DeviceInfo) -> Policy:

@@ -218,7 +218,7 @@ def _served_before(root, info, fam, dtype: torch.dtype, shape: tuple[int, int], 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from . import dispatch, tuning
+    from . import dispatch, policy, tuning
     from .device import device_info, interpreter_active
     from .kernels import ALL_FAMILY_NAMES, backward_family, family
 
@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     recorded, done, written_covers = 0, 0, ""
     gen = torch.Generator().manual_seed(0)
+    modes = policy.launch_modes(policy.policy_for(info))  # the launch modes auto's launches run with
     for group, shapes in groups.items():
         fname, dname = group[:2]
         dtype = DTYPES[dname]
@@ -308,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             timings = {}
             for config in fam.configs(info, M, N):
                 try:
-                    launch = fam.prepare(work.problem, fam.dispatched_form(work.problem, config, info), info,
-                                         flags=work.flags)
+                    launch = fam.prepare(work.problem, fam.dispatched_form(work.problem, config, info, modes), info,
+                                         flags=work.flags, modes=modes)
                     timings[config] = timer(lambda launch=launch, work=work: work.run(launch))
                 except Exception as e:  # a config the compiler or the GPU rejects is skipped, and said so
                     print(f"    skip {config}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
@@ -332,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             key = f" (entry up to {max(timings_by_n)[0]})" if args.up_to else ""
             print(f"    bucket {n_bucket(shapes[0][0])}{key}: {chosen}, at worst {worst:.3f}x the best config's time "
                   f"over {'/'.join(f'{m}x{n}' for n, m in timings_by_n)}", flush=True)
-        errors = {shape: w.error(fam.prepare(w.problem, fam.dispatched_form(w.problem, chosen, info), info,
-                                             flags=w.flags)) for shape, w in works.items()}
+        errors = {shape: w.error(fam.prepare(w.problem, fam.dispatched_form(w.problem, chosen, info, modes), info,
+                                             flags=w.flags, modes=modes)) for shape, w in works.items()}
         if not all(e <= 1e-2 for e in errors.values()):
             print(f"    {fam.name} {dname}: {chosen} gave errors {errors}; not recorded", flush=True)
             continue

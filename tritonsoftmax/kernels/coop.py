@@ -32,6 +32,7 @@ from .exchange import (
     take_ticket,
 )
 from .kernel_family import Family
+from .launch_modes import NO_MODES, LaunchModes
 from .row_ops import (
     edge_lanes,
     edges_grad_sum,
@@ -329,8 +330,8 @@ class CoopFamily(Family):
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
-                two_phase: bool | None = None) -> CoopLaunch:
-        return CoopLaunch(self, problem, config, device, flags, two_phase)
+                two_phase: bool | None = None, modes: LaunchModes = NO_MODES) -> CoopLaunch:
+        return CoopLaunch(self, problem, config, device, flags, two_phase, modes)
 
 
 FAMILY = CoopFamily(IMPL, _softmax_coop_fwd_kernel, _heuristic, staggers=True)

@@ -12,6 +12,7 @@ from ..device import DeviceInfo, interpreter_active
 from ..layout import RowProblem
 from . import sizing
 from .exchange import WORD_FLOATS, cluster_mode, cluster_smem_bytes, max_chunks, per_word_departure, scratch
+from .launch_modes import NO_MODES, LaunchModes
 from .launches import Launch, PreparedLaunch
 from .sizing import chunks
 from .stagger import stagger_meta
@@ -38,8 +39,9 @@ class CoopLaunch(Launch):
     progress (G <= max_chunks)."""
 
     def __init__(self, family: CoopFamily, problem: RowProblem, config: LaunchConfig | None,
-                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None):
-        self.problem, self.device = problem, device
+                 device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None,
+                 modes: LaunchModes = NO_MODES):
+        self.problem, self.device, self.modes = problem, device, modes
         self.config = config or family.default_config(device, problem)
         g = chunks(problem.N, dict(self.config.meta))
         if two_phase is None:
@@ -62,7 +64,8 @@ class CoopLaunch(Launch):
                                            cluster=g, cluster_smem=cluster_smem_bytes(run["BLOCK_G"]))
         if "CLUSTER" in dict(run.meta):
             run = run.with_meta(CLUSTER=0)
-        self.per_word = family.departs_per_word and not two_phase and per_word_departure(g, problem.M, device)
+        self.per_word = (family.departs_per_word and not two_phase
+                         and per_word_departure(g, problem.M, device, modes.per_word))
         if self.per_word:
             flags["PER_WORD"] = 1
             run = run.with_meta(BLOCK_G=max(run["BLOCK_G"], run.num_warps * device.warp_size))
@@ -126,7 +129,8 @@ class CoopLaunch(Launch):
             per_sm = 0 if compiled is None else sizing.resident_programs(
                 self.device, compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared)
             if self.programs <= per_sm * self.device.sm_count:
-                meta = stagger_meta(self.problem, self.programs, per_sm, self.device) if self.staggers else {}
+                meta = (stagger_meta(self.problem, self.programs, per_sm, self.device, self.modes.stagger)
+                        if self.staggers else {})
                 if meta:
                     resident = PreparedLaunch(resident.family, self.problem, resident.config.with_meta(**meta),
                                               self.device, flags=resident.flags)

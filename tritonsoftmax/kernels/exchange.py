@@ -47,6 +47,7 @@ from triton.runtime import driver
 
 from ..config import LaunchConfig
 from ..device import DeviceInfo
+from .launch_modes import PerWord
 from .row_ops import combine_max_sum
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -57,10 +58,6 @@ except ImportError as e:  # triton before 3.4
     raise ImportError(f"the coop family needs triton >= 3.6 ({e})") from e
 
 WORD_FLOATS = 2  # workspace floats a program: one int64 word (publish_word)
-
-PER_WORD_CHUNKS = (8, 16)  # per_word_departure: the chunks a row may have
-
-PER_WORD_ROWS_PER_SM = 4  # per_word_departure: the rows an SM it needs at least
 
 CLUSTER_SIZES = range(2, 17)  # chunks a row in cluster mode: 8 is CUDA's portable most, 16 the H100/H200's
 
@@ -308,12 +305,14 @@ def cluster_mode(config: LaunchConfig, G: int, device: DeviceInfo, two_phase: bo
             and config.num_warps >= CLUSTER_MIN_WARPS)
 
 
-def per_word_departure(G: int, M: int, device: DeviceInfo) -> bool:
+def per_word_departure(G: int, M: int, device: DeviceInfo, bounds: PerWord | None) -> bool:
     """Whether a single launch of a family that departs_per_word (smem) has its programs leave the
-    exchange word by word (depart's PER_WORD): rows of PER_WORD_CHUNKS chunks, at least
-    PER_WORD_ROWS_PER_SM rows an SM. Many rows of a few chunks gain from not waiting on one counter
-    before their stores; with G in the tens or hundreds every program would add to G counters."""
-    return PER_WORD_CHUNKS[0] <= G <= PER_WORD_CHUNKS[1] and M >= PER_WORD_ROWS_PER_SM * device.sm_count
+    exchange word by word (depart's PER_WORD), within the arch's measured ``bounds`` (launch_modes.PerWord;
+    None: never): rows of min_chunks to max_chunks chunks, at least rows_per_sm rows an SM. Many rows of a few
+    chunks gain from not waiting on one counter before their stores; with G in the tens or hundreds every program
+    would add to G counters."""
+    return (bounds is not None and bounds.min_chunks <= G <= bounds.max_chunks
+            and M >= bounds.rows_per_sm * device.sm_count)
 
 
 _scratch: dict = {}  # (device index, stream) -> (ws float32 view, sync int32 view, ws words, sync words)

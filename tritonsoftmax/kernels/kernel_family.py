@@ -28,6 +28,7 @@ import triton
 from ..config import LaunchConfig
 from ..device import DeviceInfo, interpreter_active
 from ..layout import RowProblem
+from .launch_modes import NO_MODES, LaunchModes
 from .launches import PreparedLaunch
 
 KEY = ["N_BUCKET", "M_BUCKET"]  # plus the tensors' dtypes, which triton.autotune adds itself
@@ -67,11 +68,14 @@ class Family:
     grid_from_m: ClassVar[bool] = False  # chunks (and so the grid) sized from M: see tuning.lookup
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                from_store: bool = False, flags: dict[str, int] | None = None) -> PreparedLaunch:
-        """A :class:`PreparedLaunch` of this family for ``problem``."""
+                from_store: bool = False, flags: dict[str, int] | None = None,
+                modes: LaunchModes = NO_MODES) -> PreparedLaunch:
+        """A :class:`PreparedLaunch` of this family for ``problem``. ``modes``: the arch's bounds of the launch
+        modes a launch picks for itself (launch_modes; only the coop-form families have any)."""
         return PreparedLaunch(self, problem, config, device, from_store, flags)
 
-    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
+    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo,
+                        modes: LaunchModes = NO_MODES) -> LaunchConfig:
         """The config a launch runs when the dispatcher hands it ``config`` (stored or the heuristic's): as it
         is, unless the family reshapes configs to the row (smem); the tuner times this form."""
         return config

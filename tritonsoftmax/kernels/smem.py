@@ -36,6 +36,7 @@ from ..layout import RowProblem
 from . import coop, launches
 from .coop import CoopFamily
 from .exchange import cluster_arrive, finish_departure, row_max_sum, row_sum, take_ticket
+from .launch_modes import NO_MODES, LaunchModes
 from .row_ops import exp, grad_input, grad_term, load_f32, row_offsets, store_out
 from .smem_launch import (
     SmemLaunch,
@@ -443,7 +444,8 @@ class SmemFamily(CoopFamily):
         """The heuristic, told the input's dtype (the backward sizes its chunks in bytes)."""
         return self.heuristic(device, problem.M, problem.N, problem.dtype)
 
-    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> LaunchConfig:
+    def dispatched_form(self, problem: RowProblem, config: LaunchConfig, device: DeviceInfo,
+                        modes: LaunchModes = NO_MODES) -> LaunchConfig:
         """A config sized on the N bucket (stored, ruled or the heuristic's) as a launch the dispatcher chose runs
         it: cut to the row (balanced_config, with LEAD for rows off 128-byte lines), registers capped by what the
         chunks' shared memory leaves (register_capped), the forward's late rows staggered in a launch of less than
@@ -451,12 +453,12 @@ class SmemFamily(CoopFamily):
         itemsize = problem.dtype.itemsize
         cut = balanced_config(config, problem.N, itemsize, device, line_lead(problem), self.held)
         capped = register_capped(cut, itemsize, self.held, device)
-        return staggered(capped, problem, device) if self.held == 1 else capped
+        return staggered(capped, problem, device, modes.stagger) if self.held == 1 else capped
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
                 from_store: bool = False, flags: dict[str, int] | None = None,
-                two_phase: bool | None = None) -> SmemLaunch:
-        return SmemLaunch(self, problem, config, device, flags, two_phase, from_store)
+                two_phase: bool | None = None, modes: LaunchModes = NO_MODES) -> SmemLaunch:
+        return SmemLaunch(self, problem, config, device, flags, two_phase, from_store, modes)
 
 
 FAMILY = SmemFamily(IMPL, _softmax_smem_fwd_kernel, heuristic, held=1, fallback=coop.FAMILY)

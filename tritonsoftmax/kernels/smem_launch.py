@@ -16,6 +16,7 @@ from ..layout import ALIGN_BYTES, RowProblem, whole_vectors
 from . import SMEM_MIN_SM, coop, exchange, sizing
 from .coop import COOP_PROGRAMS_PER_SM
 from .coop_launch import CoopLaunch
+from .launch_modes import NO_MODES, LaunchModes, SmemBackwardCluster, Stagger
 from .sizing import SMEM_RESERVED_PER_PROGRAM, chunks
 from .stagger import stagger_meta
 
@@ -206,7 +207,7 @@ def register_capped(config: LaunchConfig, itemsize: int, held: int, device: Devi
     return config.with_options(maxnreg=register_cap(config, itemsize, held, device))
 
 
-def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> LaunchConfig:
+def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo, bounds: Stagger | None) -> LaunchConfig:
     """The forward ``config`` (cut and register-capped) with STAGGER (stagger.stagger_meta) where its programs fill
     little enough of what the SMs hold, counted from the register cap and the chunk's shared memory (a config without
     a cap is left alone): later rows wait about as long as earlier rows' bytes take to read before their copies, in
@@ -214,7 +215,7 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
 
     When every program of a launch runs at once, DRAM sees all the reads, a gap while every row exchanges, then
     all the writes; staggered rows read while earlier ones exchange and write. A launch of a wave or more
-    already overlaps them and loses from any wait (stagger.MAX_GROUPED_WAVE); the backward, which reads two
+    already overlaps them and loses from any wait (the bounds' max_grouped_wave); the backward, which reads two
     tensors for each one it writes, gains nothing and has none. The wait counts SM cycles, so a GPU held to
     lower clocks waits longer in time."""
     cap = dict(config.options).get("maxnreg")
@@ -222,16 +223,8 @@ def staggered(config: LaunchConfig, problem: RowProblem, device: DeviceInfo) -> 
         return config
     programs = problem.M * chunks(problem.N, dict(config.meta))
     meta = stagger_meta(problem, programs, programs_per_sm(config, problem.dtype.itemsize, 1, device, cap), device,
-                        grouped=bool(dict(config.meta).get("CLUSTER")))
+                        bounds, grouped=bool(dict(config.meta).get("CLUSTER")))
     return config.with_meta(**meta) if meta else config
-# The 16-bit backward on smem-bwd's heuristic config (backward_cluster) takes coop's cluster mode (the row's G
-# programs one CTA cluster, their partial sums through the cluster's shared memory: kernels/exchange.py)
-# when a row has at most SMEM_BWD_CLUSTER_MAX_G chunks, or when all rows make at most
-# SMEM_BWD_CLUSTER_MAX_PROGRAMS programs (and G is a cluster size, 2-16): large clusters over many rows
-# wait for a whole cluster's worth of SMs to come free. The forward in cluster mode loses at many rows
-# and is not ruled in.
-SMEM_BWD_CLUSTER_MAX_G = 7
-SMEM_BWD_CLUSTER_MAX_PROGRAMS = 8192
 BWD_CHUNK_BYTES = 64 * 1024  # dy and y chunks of a backward program, when the rows give enough programs
 
 
@@ -246,13 +239,19 @@ def bwd_heuristic(device: DeviceInfo, M: int, N: int, dtype: torch.dtype = torch
     return coop.shape_config(device, N, 2048, 4, min_tiles=chunk // 2048)
 
 
-def backward_cluster(problem: RowProblem, config: LaunchConfig, device: DeviceInfo) -> bool:
-    """Whether the 16-bit backward on the heuristic's ``config`` (cut to the row) runs in cluster mode: rows of at
-    most SMEM_BWD_CLUSTER_MAX_G chunks, or at most SMEM_BWD_CLUSTER_MAX_PROGRAMS programs in all (why: above),
-    where exchange.cluster_mode allows it."""
+def backward_cluster(problem: RowProblem, config: LaunchConfig, device: DeviceInfo,
+                     bounds: SmemBackwardCluster | None) -> bool:
+    """Whether the 16-bit backward on the heuristic's ``config`` (cut to the row) runs in coop's cluster mode (the
+    row's G programs one CTA cluster, their partial sums through the cluster's shared memory: exchange.py), within
+    the arch's measured ``bounds`` (launch_modes.SmemBackwardCluster; None: never): rows of at most max_chunks
+    chunks, or at most max_programs programs in all (large clusters over many rows wait for a whole cluster's
+    worth of SMs to come free), where exchange.cluster_mode allows it. The forward in cluster mode loses at many
+    rows and is not ruled in."""
+    if bounds is None:
+        return False
     g = chunks(problem.N, dict(config.meta))
     return (problem.dtype.itemsize == 2
-            and (g <= SMEM_BWD_CLUSTER_MAX_G or problem.M * g <= SMEM_BWD_CLUSTER_MAX_PROGRAMS)
+            and (g <= bounds.max_chunks or problem.M * g <= bounds.max_programs)
             and exchange.cluster_mode(config.with_meta(CLUSTER=1), g, device, False))
 
 
@@ -271,7 +270,7 @@ class SmemLaunch(CoopLaunch):
 
     def __init__(self, family: SmemFamily, problem: RowProblem, config: LaunchConfig | None,
                  device: DeviceInfo, flags: dict[str, int] | None = None, two_phase: bool | None = None,
-                 from_store: bool = False):
+                 from_store: bool = False, modes: LaunchModes = NO_MODES):
         if device.sm_version < SMEM_MIN_SM:
             raise RuntimeError(f"the smem family is a Gluon kernel for NVIDIA sm_{SMEM_MIN_SM}+ GPUs (cp.async); "
                                f"it cannot run on {device.name} ({device.backend}/{device.arch})"
@@ -279,10 +278,10 @@ class SmemLaunch(CoopLaunch):
         chosen = config is None or from_store  # the dispatcher's choice, not the caller's
         heuristic = config is None
         if chosen:
-            config = family.dispatched_form(problem, config or family.default_config(device, problem), device)
-        if heuristic and family.held == 2 and backward_cluster(problem, config, device):
+            config = family.dispatched_form(problem, config or family.default_config(device, problem), device, modes)
+        if heuristic and family.held == 2 and backward_cluster(problem, config, device, modes.smem_bwd_cluster):
             config = config.with_meta(CLUSTER=1)
-        super().__init__(family, problem, config, device, flags, two_phase)
+        super().__init__(family, problem, config, device, flags, two_phase, modes)
         most = max_chunk_elements(device, family.held)
         if self.config["TILES"] * self.config["BLOCK"] > most:
             raise ValueError(f"{family.name} config {self.config}: a {self.config['TILES'] * self.config['BLOCK']}"
@@ -325,6 +324,6 @@ class SmemLaunch(CoopLaunch):
         self.fallbacks += 1
         if self._coop is None:
             self._coop = self.family.fallback.prepare(self.problem, None, self.device, flags=self._flags,
-                                                      two_phase=self._two_phase)
+                                                      two_phase=self._two_phase, modes=self.modes)
         return self._coop(x, y, *extra)
 

@@ -18,6 +18,7 @@ from ..device import DeviceInfo
 from ..layout import RowProblem
 from . import launches, sizing
 from .kernel_family import Family
+from .launch_modes import NO_MODES, LaunchModes
 from .launches import Launch, PreparedLaunch
 from .row_ops import (
     DROP,
@@ -282,7 +283,8 @@ class SplitFamily(Family):
         self.passes, self.words = passes, words
 
     def prepare(self, problem: RowProblem, config: LaunchConfig | None, device: DeviceInfo,
-                from_store: bool = False, flags: dict[str, int] | None = None) -> SplitLaunch:
+                from_store: bool = False, flags: dict[str, int] | None = None,
+                modes: LaunchModes = NO_MODES) -> SplitLaunch:
         return SplitLaunch(self.passes, self.words, problem, config, device, flags)
 
 

@@ -13,47 +13,44 @@ import triton.language as tl
 
 from ..device import DeviceInfo
 from ..layout import RowProblem
+from .launch_modes import Stagger
 
-MAX_WAVE = 0.8  # the most of one wave of programs (what the SMs hold at once) a launch waiting in halves fills ...
-MAX_GROUPED_WAVE = 0.87  # ... and one waiting in more groups
-READ_SHARE = 0.74  # the early rows read at this share of the device's peak DRAM bandwidth
 BYTES_ROUNDING = 50  # bytes a cycle are rounded to this: waits are whole STEPs anyway
-MIN_CYCLES = 2000  # no launch whose early half reads in fewer cycles waits (too little to overlap) ...
-MAX_CYCLES = 5000  # ... and no group waits longer than this (past the early rows' reads it only adds time)
 STEP = 500  # waits are whole steps of this many cycles: few compiled variants
-MAX_GROUPS = 8  # a grouped launch's rows wait in up to this many groups ...
-MIN_GROUP_CYCLES = 1000  # ... each of which reads for at least this long (1.8 MB)
 
 
-def bytes_per_cycle(device: DeviceInfo) -> int:
-    """The early rows' bytes read a SM cycle: READ_SHARE of the peak DRAM bandwidth over the SM clock (1800 on the
-    H200: 4.81 TB/s at 1.98 GHz); 0 where the device does not say its clocks."""
+def bytes_per_cycle(device: DeviceInfo, read_share: float) -> int:
+    """The early rows' bytes read a SM cycle: ``read_share`` of the peak DRAM bandwidth over the SM clock (H200,
+    share 0.74: 1800, 4.81 TB/s at 1.98 GHz); 0 where the device does not say its clocks."""
     if not (device.sm_clock_khz and device.dram_bytes_per_s):
         return 0
-    per_cycle = READ_SHARE * device.dram_bytes_per_s / (device.sm_clock_khz * 1000)
+    per_cycle = read_share * device.dram_bytes_per_s / (device.sm_clock_khz * 1000)
     return int(round(per_cycle / BYTES_ROUNDING)) * BYTES_ROUNDING
 
 
-def stagger_meta(problem: RowProblem, programs: int, per_sm: int, device: DeviceInfo,
+def stagger_meta(problem: RowProblem, programs: int, per_sm: int, device: DeviceInfo, bounds: Stagger | None,
                  grouped: bool = False) -> dict[str, int]:
-    """STAGGER (and STAGGER_GROUPS) for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once.
-    On CUDA, with at least two rows whose early half takes MIN_CYCLES to read (bytes_per_cycle), the rows wait in two
-    halves, or, ``grouped``, in the most groups (4 or 8, at most MAX_GROUPS) of which each still reads for
-    MIN_GROUP_CYCLES; a group waits as many cycles a group before it as a group's rows take to read (in whole STEPs,
-    at most MAX_CYCLES). {} where the programs fill more than MAX_WAVE of what the SMs hold (MAX_GROUPED_WAVE with
-    more than two groups), where nothing waits, or where the device does not say its clocks."""
+    """STAGGER (and STAGGER_GROUPS) for a launch of ``programs`` programs, ``per_sm`` of which an SM holds at once,
+    within the arch's measured ``bounds`` (launch_modes.Stagger; None: no wait). On CUDA, with at least two rows
+    whose early half takes min_cycles to read (bytes_per_cycle), the rows wait in two halves, or, ``grouped``, in the
+    most groups (4 or 8, at most max_groups) of which each still reads for min_group_cycles; a group waits as many
+    cycles a group before it as a group's rows take to read (in whole STEPs, at most max_cycles). {} where the
+    programs fill more than max_wave of what the SMs hold (max_grouped_wave with more than two groups), where nothing
+    waits, or where the device does not say its clocks."""
+    if bounds is None:
+        return {}
     M = problem.M
     row_bytes = problem.N * problem.dtype.itemsize
-    per_cycle = bytes_per_cycle(device)
-    if device.backend != "cuda" or not per_cycle or M < 2 or M // 2 * row_bytes < MIN_CYCLES * per_cycle:
+    per_cycle = bytes_per_cycle(device, bounds.read_share)
+    if device.backend != "cuda" or not per_cycle or M < 2 or M // 2 * row_bytes < bounds.min_cycles * per_cycle:
         return {}
     groups = 2
-    while (grouped and 2 * groups <= min(MAX_GROUPS, M)
-           and M // (2 * groups) * row_bytes >= MIN_GROUP_CYCLES * per_cycle):
+    while (grouped and 2 * groups <= min(bounds.max_groups, M)
+           and M // (2 * groups) * row_bytes >= bounds.min_group_cycles * per_cycle):
         groups *= 2
-    if programs > (MAX_GROUPED_WAVE if groups > 2 else MAX_WAVE) * per_sm * device.sm_count:
+    if programs > (bounds.max_grouped_wave if groups > 2 else bounds.max_wave) * per_sm * device.sm_count:
         return {}
-    cycles = min(MAX_CYCLES, M // groups * row_bytes // per_cycle // STEP * STEP)
+    cycles = min(bounds.max_cycles, M // groups * row_bytes // per_cycle // STEP * STEP)
     return {"STAGGER": cycles} if groups == 2 else {"STAGGER": cycles, "STAGGER_GROUPS": groups}
 
 
