@@ -71,6 +71,33 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                     what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
                     _close(loss, lw, dtype, what)
                     _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")
+        _compiled(rank, widths, device)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _compiled(rank: int, widths: list[int], device: torch.device) -> None:
+    """softmax and cross_entropy inside torch.compile (the eager backend: dynamo's capture, no code generation),
+    forward and backward, against torch on the whole tensor."""
+    import tritonsoftmax.distributed as tsd
+
+    mine, V = _slices(widths)[rank], sum(widths)
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(4, V, generator=gen) * 2).to(device)
+    target = torch.randint(0, V, (4,), generator=gen).to(device)
+    xl = x[:, mine].clone().requires_grad_()
+    y = torch.compile(lambda t: tsd.softmax(t, -1) * 2.0, backend="eager")(xl)
+    y.sum().backward()
+    xw = x.double().requires_grad_()
+    (torch.softmax(xw, -1) * 2.0).sum().backward()
+    _close(y, torch.softmax(x.double(), -1)[:, mine] * 2.0, torch.float32, f"rank {rank} compiled softmax")
+    _close(xl.grad, xw.grad[:, mine], torch.float32, f"rank {rank} compiled softmax gradient")
+    xl = x[:, mine].clone().requires_grad_()
+    loss = torch.compile(lambda t, tg: tsd.cross_entropy(t, tg), backend="eager")(xl, target)
+    loss.backward()
+    xw = x.double().requires_grad_()
+    lw = F.cross_entropy(xw, target)
+    lw.backward()
+    _close(loss, lw, torch.float32, f"rank {rank} compiled cross_entropy")
+    _close(xl.grad, xw.grad[:, mine], torch.float32, f"rank {rank} compiled cross_entropy gradient")
