@@ -147,14 +147,10 @@ def forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"softmax expects a torch.Tensor, got {type(x).__name__}")
     check_impl(impl)
-    s = check_scale(scale)
     key = _signature(x, dim, dtype, impl, log, zero_masked)
-    x = _cast_input(x, dtype)
-    dim = normalize_dim(dim, x.dim())
+    x, dim, s = _checked(x, dim, dtype, scale)
     out_dtype = dtype or x.dtype
     per_row = isinstance(s, torch.Tensor)
-    if per_row:
-        s = scale_view(s, x, dim)
     if (x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES or x.dim() == 0 or x.numel() == 0
             or (x.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
@@ -169,13 +165,18 @@ def forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
     return _launch_rows(x, y, (), dim, impl, flags, False, s, remember, out_dtype)
 
 
-def forward_torch(x, dim, dtype, scale, log, zero_masked) -> torch.Tensor:
-    """forward_cold's checks, then torch operators whatever the device (a tensor scale under torch.compile)."""
+def _checked(x: torch.Tensor, dim: int, dtype: torch.dtype | None, scale) -> tuple:
+    """A forward's arguments checked: (x cast by torch's dtype rules, dim as a non-negative index, the scale as a
+    float or scale_view's tensor)."""
     s = check_scale(scale)
     x = _cast_input(x, dtype)
     dim = normalize_dim(dim, x.dim())
-    if isinstance(s, torch.Tensor):
-        s = scale_view(s, x, dim)
+    return x, dim, scale_view(s, x, dim) if isinstance(s, torch.Tensor) else s
+
+
+def forward_torch(x, dim, dtype, scale, log, zero_masked) -> torch.Tensor:
+    """forward_cold's checks, then torch operators whatever the device (a tensor scale under torch.compile)."""
+    x, dim, s = _checked(x, dim, dtype, scale)
     return _torch_forward(x, dim, dtype or x.dtype, s, log, zero_masked)
 
 

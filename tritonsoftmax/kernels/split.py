@@ -75,7 +75,8 @@ def _softmax_split_stats_kernel(
     also takes the head group and chunk G - 1 the tail group. PDL: pass 2 is launched as a
     programmatic dependent launch (NVIDIA sm_90+): each program lets it start at once.
     VEC: as in the fused kernel (rows of whole VEC-element vectors, constexprs.row_vec). ROW_SCALE (every
-    split kernel): as in the fused kernel (one scale a row).
+    split kernel takes it; the backward's partial pass has no scale to apply): as in the fused kernel (one scale a
+    row).
     """
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
@@ -162,7 +163,6 @@ def _softmax_split_bwd_partial_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     G, row, g = chunk_of(pid, N, TILES * BLOCK)
-    scale = row_scale(scale, row, ROW_SCALE)
     g_row, _, shift, lo, hi, tail, end = row_bases(row, INNER, stride_g_outer, stride_g_inner,
                                                    stride_d_outer, stride_d_inner, N, ALIGN)
     part = tiles_grad_sum(dy_ptr, y_ptr, g_row, stride_g_col, g * (TILES * BLOCK), N, lo, hi, LOG, BLOCK, TILES, HINTS,
