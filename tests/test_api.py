@@ -334,6 +334,44 @@ def test_direct_start_takes_the_common_warm_call_and_hands_the_rest_to_the_launc
     assert full.pop() == (x, y, 0.5) and not started
 
 
+def test_direct_start_with_a_tensor_takes_the_backward_call_and_hands_the_rest_to_the_launch():
+    """direct_start(tensors=1): (x, y, t, float scale), every pointer on the compiled alignment, starts the kernel
+    with the three addresses; a misaligned saved tensor, a missing or non-float scale, or a non-tensor go to the full
+    call; a launch whose extras are neither form gets the full call itself."""
+    from tritonsoftmax.kernels import triton_launcher
+
+    started, full = [], []
+    x, y, saved = torch.zeros(64), torch.zeros(64), torch.zeros(65)
+    direct = triton_launcher.direct_start(lambda *a: started.append(a), True, lambda *a: full.append(a), tensors=1)
+    direct(x, y, saved, 0.25)
+    assert started.pop() == (x.data_ptr(), y.data_ptr(), saved.data_ptr(), 0.25) and not full
+    for call in ((x, y, saved[1:], 0.25), (x, y, 0.25), (x, y, saved, 1), (x, y, 3.0, 0.25)):
+        direct(*call)
+        assert full.pop() == call and not started
+    fallback = lambda *a: full.append(a)  # noqa: E731
+    assert triton_launcher.direct_start(lambda *a: started.append(a), True, fallback, tensors=-1) is fallback
+
+
+@pytest.mark.gpu
+def test_warm_backward_starts_the_kernel_directly_and_stays_correct():
+    """A second backward of one signature finds its prepared launch (keyed on dim as the caller gave it) and starts
+    it in one frame; fresh values and an incoming gradient of other strides stay correct."""
+    from tritonsoftmax import execute
+
+    y = torch.softmax(random_input((8, 2048), torch.float32, DEVICE, seed=3), -1)
+    for seed, transpose in ((4, False), (5, False), (6, True)):
+        dy = random_input((8, 2048), torch.float32, DEVICE, seed=seed)
+        if transpose:
+            dy = dy.t().contiguous().t()  # column-major: copied to y's strides first
+        dx = execute.backward(dy, y, -1, "auto", 1.0, False, torch.float32)
+        ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+        assert (dx.double() - ref).abs().max().item() <= 1e-5
+    start, _, prepared = execute._prepared[("bwd", y.shape, y.stride(), y.dtype, y.get_device(), -1, "auto", False)]
+    assert start == getattr(prepared, "direct", prepared)
+    if hasattr(prepared, "_warm") and prepared._warm is not None:
+        assert start != prepared.__call__  # the one-frame start, not the launch's generic call
+
+
 def test_c_launch_layout_of_the_installed_triton():
     """The installed Triton's own CudaLauncher class (3.6: spread arguments; 3.7-3.9: a tuple)."""
     import triton

@@ -141,3 +141,19 @@ def test_kernel_output_has_no_unwritten_element():
     assert not torch.isnan(y).any()
     torch.testing.assert_close(y.double(), torch.softmax(x.double() * t.double()[:, None], -1), rtol=1e-5,
                                atol=1e-7)
+
+
+@pytest.mark.parametrize("tdtype", [torch.float32, torch.bfloat16], ids=str)
+def test_warm_calls_reuse_the_launch_with_new_scales_and_still_check_them(tdtype):
+    """A second call of one signature (input and scales alike) finds its prepared launch (on a GPU; the interpreter
+    prepares every call) and reads the new call's scales; a warm call whose scales want a gradient is refused."""
+    x = random_input((5, 3000), torch.float32, DEVICE, seed=4)
+    key = execute._signature(x, -1, None, "auto", False, False)
+    for seed in (3, 4, 5):
+        t = _temperatures((5, 1), seed).to(tdtype)
+        y = tritonsoftmax.softmax(x, scale=t)
+        ref = torch.softmax(x.double() * t.double(), -1)
+        assert (y.double() - ref).abs().max().item() <= TOL[torch.float32]
+        assert (key + execute._scale_signature(t) in execute._prepared) == (DEVICE != "cpu")
+    with pytest.raises(ValueError, match="no gradient"):
+        tritonsoftmax.softmax(x, scale=t.clone().requires_grad_())

@@ -96,20 +96,29 @@ def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
     return (x.shape, x.stride(), x.dtype, x.get_device(), dim, dtype, impl, log, zero_masked)
 
 
-def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float | None, log: bool,
-            zero_masked: bool) -> torch.Tensor:
+def _scale_signature(scale: torch.Tensor) -> tuple:
+    """What a warm call with a tensor of scales must also match: the scales' shape, strides, dtype and device."""
+    return ("row_scale", scale.shape, scale.stride(), scale.dtype, scale.get_device())
+
+
+def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, scale: float | torch.Tensor | None,
+            log: bool, zero_masked: bool) -> torch.Tensor:
     """Softmax/log-softmax without autograd: the eager path (and the custom operator's body)."""
-    if type(scale) is torch.Tensor:
-        return forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
+    per_row = type(scale) is torch.Tensor
     try:
-        hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
+        key = _signature(x, dim, dtype, impl, log, zero_masked)
+        hit = _prepared.get(key + _scale_signature(scale) if per_row else key)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
         hit = None
     if hit is not None:  # a warm call: same signature as an earlier one that ran our kernels in place
-        start, out_dtype, _ = hit
+        start, out_dtype, prepared = hit
         y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)  # no dtype: cheaper
         try:
-            start(x, y, 1.0 if scale is None else check_scale(scale))
+            if per_row:  # the scales checked again (their values may now ask for a gradient) and laid out one a row
+                d = dim % x.dim()
+                prepared(x, y, row_scales(scale_view(scale, x, d), x, d))
+            else:
+                start(x, y, 1.0 if scale is None else check_scale(scale))
         except RuntimeError:  # a torch.func wrapper (vmap) has no storage: its data_ptr raises before any launch
             if not functorch_active():
                 raise
@@ -155,13 +164,14 @@ def forward_cold(x, dim, dtype, impl, scale, log, zero_masked) -> torch.Tensor:
             or (x.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         return _torch_forward(x, dim, out_dtype, s, log, zero_masked)
     flags = {"LOG": int(log), "ZERO_MASKED": int(zero_masked)}
-    if per_row:  # one scale a row: the kernels' ROW_SCALE form, prepared anew each call (no warm entry)
+    if per_row:  # one scale a row: the kernels' ROW_SCALE form
         flags["ROW_SCALE"] = 1
+        key += _scale_signature(scale)
         s = row_scales(s, x, dim)
     y = torch.empty_like(x, dtype=out_dtype)
-    # Remember the launch unless a cast happened (the key is the uncast input's), the interpreter runs it (it
-    # reads the environment on every call) or the scale is per row.
-    remember = key if key[2] == x.dtype and x.device.type != "cpu" and not per_row else None
+    # Remember the launch unless a cast happened (the key is the uncast input's) or the interpreter runs it (it
+    # reads the environment on every call).
+    remember = key if key[2] == x.dtype and x.device.type != "cpu" else None
     return _launch_rows(x, y, (), dim, impl, flags, False, s, remember, out_dtype)
 
 
@@ -219,22 +229,41 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
     """The input gradient of softmax/log_softmax from the incoming gradient and the saved output:
     scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax (``scale``: a float, or
     a tensor of one scale a row, as the forward took it)."""
+    if type(scale) is float:
+        try:
+            stride = y.stride()
+            hit = _prepared.get(("bwd", y.shape, stride, y.dtype, y.get_device(), dim, impl, log))
+        except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
+            hit = None
+        if hit is not None and (dy.dtype != y.dtype or dy.stride() != stride):
+            dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+        if hit is not None and dy.stride() == stride:
+            # a warm call: the signature of an earlier one that ran our kernels on these strides
+            dx = torch.empty_like(y)
+            try:
+                hit[0](dy, dx, y, scale)
+            except RuntimeError:  # a torch.func wrapper has no storage: its data_ptr raises before any launch
+                if not functorch_active():
+                    raise
+                return _backward_cold(dy, y, dim, impl, scale, log, input_dtype)
+            return dx if input_dtype == dx.dtype else dx.to(input_dtype)
+    return _backward_cold(dy, y, dim, impl, scale, log, input_dtype)
+
+
+def _backward_cold(dy, y, dim, impl, scale, log, input_dtype) -> torch.Tensor:
+    """backward's first call of a signature (or one a warm launch cannot take): choose, prepare, remember."""
+    key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)  # dim as the caller gave it
     dim = normalize_dim(dim, y.dim())
     per_row = isinstance(scale, torch.Tensor)
     if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
             or (y.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         return backward_torch(dy, y, dim, scale_view(scale, y, dim) if per_row else scale, log, input_dtype)
-    key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)
     if dy.dtype != y.dtype or dy.stride() != y.stride():
         dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
     dx = torch.empty_like(y)
     if per_row:  # the kernels' ROW_SCALE form, prepared anew each call (no warm entry)
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log), "ROW_SCALE": 1}, True,
                      row_scales(scale_view(scale, y, dim), y, dim), None, y.dtype)
-        return dx if input_dtype == dx.dtype else dx.to(input_dtype)
-    hit = _prepared.get(key)
-    if hit is not None:  # the prepared launch itself: its direct start takes (x, y, scale) calls only
-        hit[2](dy, dx, y, float(scale))
     else:
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale),
                      key if y.device.type != "cpu" else None, y.dtype)

@@ -163,18 +163,21 @@ class PreparedLaunch(Launch):
         if hasattr(compiled, "packed_metadata"):  # a CompiledKernel (None under the interpreter)
             grid3 = tuple(grid) + (1,) * (3 - len(grid))
             runner = compiled[grid3]  # loads the module on the device
-            self._keep(compiled, grid3, compiled.packed_metadata, runner, cuda_index(x.device), aligned)
+            self._keep(compiled, grid3, compiled.packed_metadata, runner, cuda_index(x.device), aligned, extra)
 
-    def _keep(self, compiled, grid3: tuple, packed_metadata, runner: Callable, dev: int, aligned: bool) -> None:
+    def _keep(self, compiled, grid3: tuple, packed_metadata, runner: Callable, dev: int, aligned: bool,
+              extra: tuple) -> None:
         """Remember a launched (or about to be launched) compiled kernel on GPU ``dev`` for warm calls:
-        ``runner`` for calls with launch hooks installed, the warm launcher for the rest."""
+        ``runner`` for calls with launch hooks installed, the warm launcher for the rest; ``extra`` (the first
+        call's arguments after ``y``) says which call the direct start serves."""
         self._compiled = compiled  # kept for diagnostics (registers, spills)
         self._meta = constexpr_values(self.family.kernel, {**dict(self.config.meta), **self.flags})
         self._runner = runner
         self._warm = warm_launcher(compiled.run, grid3, compiled.function, packed_metadata, (*self.tail, *self._meta),
                                    driver.active.get_current_stream, dev)
         self._aligned = aligned
-        self.direct = direct_start(self._warm, aligned, self.__call__)
+        tensors = len(extra) - 1 if extra and type(extra[-1]) is float else -1
+        self.direct = direct_start(self._warm, aligned, self.__call__, tensors)
 
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
@@ -196,7 +199,7 @@ class PreparedLaunch(Launch):
             raise ValueError(f"cluster launch: grid {grid} is not whole clusters of {self.cluster}")
         grid3 = (grid[0] // self.cluster, 1, 1)
         dev = cuda_index(x.device)
-        self._keep(compiled, grid3, packed, hooked_runner(compiled, grid3, packed, dev), dev, aligned)
+        self._keep(compiled, grid3, packed, hooked_runner(compiled, grid3, packed, dev), dev, aligned, extra)
         self._warm(*raw_args(x, y, extra)[0])
 
     def _autotune(self, x: torch.Tensor, y: torch.Tensor, extra: tuple) -> None:

@@ -76,13 +76,16 @@ def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args:
     return start
 
 
-def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable) -> Callable:
-    """A warm PreparedLaunch's call in one Python frame for its common case: ``(x, y, scale)``, ``x``
-    and ``y`` on the 16-byte alignment ``start`` (warm_launcher's) was compiled for (``aligned``), a
-    float ``scale`` and no launch hook installed; any other call goes to ``fallback`` (the launch's
-    own __call__, whose hook test this repeats). What it saves is the generic path's argument list and
-    two Python frames, a fraction of a microsecond a warm call."""
+def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable, tensors: int = 0) -> Callable:
+    """A warm PreparedLaunch's call in one Python frame for its common case: ``(x, y, scale)`` with
+    ``tensors`` = 0, ``(x, y, t, scale)`` with 1 (the backward's saved output, a workspace), every tensor on the
+    16-byte alignment ``start`` (warm_launcher's) was compiled for (``aligned``), a float ``scale`` and no
+    launch hook installed; any other call goes to ``fallback`` (the launch's own __call__, whose hook test this
+    repeats). What it saves is the generic path's argument list and two Python frames, a fraction of a
+    microsecond a warm call."""
     runtime = knobs.runtime
+    if tensors not in (0, 1):
+        return fallback
 
     def direct(x, y, *extra):
         xp, yp = x.data_ptr(), y.data_ptr()
@@ -94,7 +97,17 @@ def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable) 
         else:
             fallback(x, y, *extra)
 
-    return direct
+    def direct_with_tensor(x, y, *extra):
+        hook = runtime.launch_enter_hook
+        if (len(extra) == 2 and type(extra[1]) is float and type(extra[0]) is torch.Tensor
+                and (hook is None or not getattr(hook, "calls", True))):
+            xp, yp, tp = x.data_ptr(), y.data_ptr(), extra[0].data_ptr()
+            if (not (xp | yp | tp) & 15) is aligned:
+                start(xp, yp, tp, extra[1])
+                return
+        fallback(x, y, *extra)
+
+    return direct_with_tensor if tensors else direct
 
 
 PORTABLE_CLUSTER = 8  # the most CTAs a cluster may have without the function's non-portable attribute
