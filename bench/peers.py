@@ -22,12 +22,15 @@ OURS = ("auto", "fused", "tile", "online", "split", "coop", "smem")
 REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
 BASELINE = ("previous",)  # auto of an earlier version of this package (bench.baseline): asked for by name only
 PEERS = ("torch", "compile", "tutorial", "naive", "liger", "flaggems", "quack")
-ALL = OURS + REFERENCE + BASELINE + PEERS
+# the textbook Triton kernels (bench/textbook.py): lines beside ours, not peers (no `vs best` counts them)
+TEXTBOOK = ("textbook-fused", "textbook-tile", "textbook-online")
+ALL = OURS + REFERENCE + BASELINE + PEERS + TEXTBOOK
 LABELS = {"auto": "tritonsoftmax", "fused": "ts-fused", "tile": "ts-tile", "online": "ts-online", "split": "ts-split",
           "coop": "ts-coop", "smem": "ts-smem",
           "copy": "copy", "previous": "previous",
           "torch": "torch.softmax", "compile": "torch.compile", "tutorial": "Triton tutorial", "naive": "naive torch",
-          "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK"}
+          "liger": "Liger-Kernel", "flaggems": "FlagGems", "quack": "QuACK",
+          "textbook-fused": "textbook fused", "textbook-tile": "textbook tile", "textbook-online": "textbook online"}
 
 
 class Unavailable(Exception):
@@ -230,6 +233,8 @@ def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tens
         return lambda: fn(dy, y)
     if name == "tutorial":
         raise Unavailable("the tutorial kernel has no backward")
+    if name in TEXTBOOK:
+        raise Unavailable("the textbook kernels are forward only")
     if name == "liger":  # no public backward entry: its autograd Function, on its own forward output
         fn = _peer("liger_kernel.ops.softmax", x).LigerSoftmaxFunction
         xg = x.detach().requires_grad_()
@@ -266,6 +271,13 @@ def prepare(name: str, x: torch.Tensor) -> Callable[[], torch.Tensor]:
         return _naive(x)
     if name == "tutorial":
         return _tutorial(x)
+    if name in TEXTBOOK:
+        from bench.textbook import textbook
+
+        try:
+            return textbook(name.removeprefix("textbook-"), x)
+        except ValueError as e:
+            raise Unavailable(str(e)) from None
     if name == "compile":
         return _compile(x)
     if name == "liger":
