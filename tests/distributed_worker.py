@@ -34,6 +34,11 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    from tritonsoftmax.kernels import split
+
+    passes = []  # the split family's first passes run for the distributed softmax (our kernels, not torch operators)
+    partials = split.SplitLaunch.partials
+    split.SplitLaunch.partials = lambda self, *a: passes.append(self.words) or partials(self, *a)
     try:
         mine = _slices(widths)[rank]
         V = sum(widths)
@@ -46,14 +51,18 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
             for log in (False, True):
                 fn, ref = (tsd.log_softmax, torch.log_softmax) if log else (tsd.softmax, torch.softmax)
                 xl = x[:, mine].clone().requires_grad_()
+                passes.clear()
                 y = fn(xl, -1, scale=0.5)
                 y.backward(dy[:, mine])
+                assert passes == [2, 1], f"rank {rank}: the kernels' passes (forward, backward) ran as {passes}"
                 xw = x.double().requires_grad_()
                 yw = ref(xw * 0.5, -1)
                 yw.backward(dy.double())
                 _close(y, yw[:, mine], dtype, f"rank {rank} {dtype} log={log} forward")
                 rows = [0, 1, 3, 4, 5]  # the all -inf row's gradient is NaN in torch too
                 _close(xl.grad[rows], xw.grad[rows][:, mine], dtype, f"rank {rank} {dtype} log={log} backward")
+            xt = x[:, mine].t().contiguous()  # the split dim first: rows are columns of the layout
+            _close(tsd.softmax(xt, 0), torch.softmax(x.double(), -1)[:, mine].t(), dtype, f"rank {rank} {dtype} dim 0")
             target = torch.randint(0, V, (6,), generator=gen).to(device)
             target[3] = -100
             target[4] = V - 1  # on the last rank

@@ -670,7 +670,7 @@ def test_plans_carry_the_arch_policys_launch_modes_to_the_launch(monkeypatch):
     dispatch.clear_cache()
     try:
         x = torch.zeros(8, 131072)
-        launch = execute._prepare(matrix_problem(x, x), x, x, "coop", {"LOG": 0, "ZERO_MASKED": 0}, False)
+        launch = execute.prepare_launch(matrix_problem(x, x), x, x, "coop", {"LOG": 0, "ZERO_MASKED": 0}, False)
         assert launch.modes == h200
     finally:
         dispatch.clear_cache()

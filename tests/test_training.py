@@ -376,8 +376,8 @@ def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
     patched = dataclasses.replace(policy_for(SM90), reload=reload)
     monkeypatch.setattr(dispatch, "policy_for", lambda device: patched)
     seen = []
-    prepare = execute._prepare
-    monkeypatch.setattr(execute, "_prepare", lambda problem, x, y, impl, flags, backward: seen.append(
+    prepare = execute.prepare_launch
+    monkeypatch.setattr(execute, "prepare_launch", lambda problem, x, y, impl, flags, backward: seen.append(
         (backward, problem.rows_dense())) or prepare(problem, x, y, impl, flags, backward))
     try:
         x = random_input((8, 64), torch.bfloat16, DEVICE, seed=3)
@@ -385,7 +385,7 @@ def test_backward_takes_the_dense_config_only_for_contiguous_rows(monkeypatch):
         for case, dim, dense_fwd, dense_bwd in ((x, -1, True, True), (x.t().contiguous(), 0, False, False),
                                                 (padded, -1, False, True)):
             seen.clear()
-            api.clear_caches()  # a warm call would skip _prepare
+            api.clear_caches()  # a warm call would skip prepare_launch
             _check_grads(case, dim)
             assert seen == [(False, dense_fwd), (True, dense_bwd)], seen
             (backward,) = [p for k, p in dispatch._plans.items() if k[6]]

@@ -9,9 +9,14 @@ One pass over the slice for the per-row (max, sum-of-exp) pair, **one** collecti
 combined on every rank: the same combine the split family does between its chunks), one pass to write. The
 backward needs one all-reduce of a per-row sum. Slices may differ in width (a slice of width 0 is fine).
 
-The passes are computed with torch operators for now (fp32 math whatever the input dtype); the collectives are
-``torch.distributed``'s, on whatever backend the group runs (NCCL, RCCL, gloo). Inside ``torch.compile`` they run
-as captured (tested with the eager backend over gloo); inductor's code and CUDA graphs are not checked yet.
+softmax and log_softmax run the split family's two kernels where our kernels take the slice (fp32/fp16/bf16 on a
+GPU, or on the CPU under the Triton interpreter): its first pass writes each chunk's (max, sum) partial, those are
+combined per row here and across ranks by the collective, and its second pass writes the slice from the whole
+row's pair (given as the row's first partial, the others empty); the backward likewise with its partial sums.
+Elsewhere (float64, CPU tensors without the interpreter, inside ``torch.compile``) the passes are torch operators,
+fp32 math. cross_entropy's passes are torch operators. The collectives are ``torch.distributed``'s, on whatever
+backend the group runs (NCCL, RCCL, gloo). Inside ``torch.compile`` they run as captured (tested with the eager
+backend over gloo); inductor's code and CUDA graphs are not checked yet.
 """
 
 from __future__ import annotations
@@ -57,27 +62,88 @@ def _scaled(x: torch.Tensor, scale: float | None) -> torch.Tensor:
     return z if scale is None or scale == 1.0 else z * float(scale)
 
 
+def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, backward: bool):
+    """The split family's launch over ``a``'s rows along ``dim`` into ``out``, or None where torch operators
+    compute the passes (what our kernels do not take, a layout whose rows do not collapse, torch.compile)."""
+    from . import execute, layout
+    from .device import interpreter_active
+
+    if (torch.compiler.is_compiling() or a.dtype not in execute.KERNEL_DTYPES or out.dtype not in execute.KERNEL_DTYPES
+            or a.numel() == 0 or (a.device.type == "cpu" and not interpreter_active())):
+        return None
+    problem = layout.row_problem(a, out, dim)
+    if problem is None:
+        return None
+    return execute.prepare_launch(problem, a, out, "split", flags, backward)
+
+
+def _kernel_forward(x, dim, group, out_dtype, scale, log):
+    """The forward on the split family's kernels, or None where they do not run (see _split_launch)."""
+    y = torch.empty_like(x, dtype=out_dtype)
+    launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0}, False)
+    if launch is None:
+        return None
+    s = 1.0 if scale is None else float(scale)
+    pairs = launch.partials(x, y, s).view(-1, launch.chunks_per_row, 2)
+    m, part = pairs[..., 0], pairs[..., 1]
+    local = m.amax(1, keepdim=True)
+    top, total = _combine(local, (part * torch.exp(m - _shift(local))).sum(1, keepdim=True), group)
+    whole = torch.zeros_like(pairs)
+    whole[..., 0] = float("-inf")
+    whole[:, :1, 0], whole[:, :1, 1] = top, total
+    launch.write(x, y, whole.view(-1), s)
+    return y
+
+
+def _kernel_backward(dy, y, dim, group, scale, log):
+    """The backward on the split family's kernels (dx in y's dtype), or None where they do not run."""
+    if dy.dtype != y.dtype or dy.stride() != y.stride():
+        dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+    dx = torch.empty_like(y)
+    if dy.stride() != y.stride():
+        return None
+    launch = _split_launch(dy, dx, dim, {"LOG": int(log)}, True)
+    if launch is None:
+        return None
+    s = 1.0 if scale is None else float(scale)
+    parts = launch.partials(dy, dx, y, s).view(-1, launch.chunks_per_row)
+    total = parts.sum(1)
+    dist.all_reduce(total, group=group)  # the one collective of the backward: a per-row sum over the whole row
+    whole = torch.zeros_like(parts)
+    whole[:, 0] = total
+    launch.write(dy, dx, whole.view(-1), y, s)
+    return dx
+
+
 class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim, group, out_dtype, scale, log):
+        ctx.dim, ctx.group, ctx.scale, ctx.log, ctx.in_dtype = dim, group, scale, log, x.dtype
+        y = _kernel_forward(x, dim, group, out_dtype, scale, log)
+        if y is not None:
+            ctx.save_for_backward(y)
+            return y
         z = _scaled(x, scale)
         top, total = _combine(*_stats(z, dim), group)
         if log:
             y = z - _shift(top) - torch.log(total)
         else:
             y = torch.exp(z - _shift(top)) / total
-        ctx.dim, ctx.group, ctx.scale, ctx.log, ctx.in_dtype = dim, group, scale, log, x.dtype
         ctx.save_for_backward(y)
         return y.to(out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        dx = _kernel_backward(dy, y, ctx.dim, ctx.group, ctx.scale, ctx.log)
+        if dx is not None:
+            return dx.to(ctx.in_dtype), None, None, None, None, None
         g = dy.float()
+        yf = y.float()
         # the one collective of the backward: a per-row sum over the whole row
-        part = g.sum(ctx.dim, keepdim=True) if ctx.log else (g * y).sum(ctx.dim, keepdim=True)
+        part = g.sum(ctx.dim, keepdim=True) if ctx.log else (g * yf).sum(ctx.dim, keepdim=True)
         dist.all_reduce(part, group=ctx.group)
-        dz = g - torch.exp(y) * part if ctx.log else y * (g - part)
+        dz = g - torch.exp(yf) * part if ctx.log else yf * (g - part)
         if ctx.scale is not None and ctx.scale != 1.0:
             dz = dz * float(ctx.scale)
         return dz.to(ctx.in_dtype), None, None, None, None, None

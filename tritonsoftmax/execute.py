@@ -198,7 +198,7 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     32 bits) run on contiguous copies with ``dim`` last, written back into ``out``'s layout."""
     problem = layout.row_problem(a, out, dim)
     if problem is not None:
-        prepared = _prepare(problem, a, out, impl, flags, backward)
+        prepared = prepare_launch(problem, a, out, impl, flags, backward)
         prepared(a, out, *rest, scale)
         tune.record_autotuned(prepared)
         if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
@@ -209,14 +209,15 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
         return out
     at, *rt = (t.movedim(dim, -1).contiguous() for t in (a, *rest))
     ot = torch.empty_like(at, dtype=out.dtype)
-    prepared = _prepare(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)
+    prepared = prepare_launch(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)
     prepared(at, ot, *rt, scale)
     tune.record_autotuned(prepared)
     return out.copy_(ot.movedim(-1, dim))
 
 
-def _prepare(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
+def prepare_launch(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
              backward: bool):
+    """The launch the dispatcher plans for ``problem`` (``x`` into ``y``) with ``impl`` and the kernels' ``flags``."""
     aligned = problem.rows_aligned(x.element_size(), y.element_size())
     dense = problem.rows_dense() and x.element_size() == y.element_size()
     p = dispatch.plan(impl, problem.M, problem.N, x.dtype, y.dtype, x.device, backward, aligned, dense,

@@ -264,13 +264,25 @@ class SplitLaunch(Launch):
         flags["PDL"] = int(self.pdl)
         self._first = PreparedLaunch(passes[0], problem, self.config, device, flags=flags)
         self._second = PreparedLaunch(passes[1], problem, second, device, flags=flags)
+        self.words = words
+        self.chunks_per_row = chunks(problem.N, meta)
         self._ws_len = words * chunk_grid(problem.M, problem.N, meta, device)[0]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, *extra) -> LaunchConfig:
+        self.write(x, y, self.partials(x, y, *extra), *extra)
+        return self.config
+
+    def partials(self, x: torch.Tensor, y: torch.Tensor, *extra) -> torch.Tensor:
+        """Pass 1 alone: the float32 workspace of partials, ``words`` floats for each of the ``chunks_per_row``
+        chunks of each row, rows in order (viewed as (M, chunks_per_row, words))."""
         ws = torch.empty(self._ws_len, device=x.device, dtype=torch.float32)
         self._first(x, y, ws, *extra)
+        return ws
+
+    def write(self, x: torch.Tensor, y: torch.Tensor, ws: torch.Tensor, *extra) -> None:
+        """Pass 2 alone, from a workspace laid out as :meth:`partials` gives it (a row's partials combined: a
+        chunk of max -inf and sum 0 adds nothing, nor does a backward partial of 0)."""
         self._second(x, y, ws, *extra)
-        return self.config
 
 
 class SplitFamily(Family):
