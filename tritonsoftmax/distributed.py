@@ -64,7 +64,9 @@ def _scaled(x: torch.Tensor, scale: float | None) -> torch.Tensor:
 
 def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, backward: bool):
     """The split family's launch over ``a``'s rows along ``dim`` into ``out``, or None where torch operators
-    compute the passes (what our kernels do not take, a layout whose rows do not collapse, torch.compile)."""
+    compute the passes (what our kernels do not take, a layout whose rows do not collapse, torch.compile). ``flags``
+    take PDL 0: the second pass follows the combine and the collective, not the first pass, so it gains nothing
+    from starting early."""
     from . import execute, layout
     from .device import interpreter_active
 
@@ -80,7 +82,7 @@ def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, bac
 def _kernel_forward(x, dim, group, out_dtype, scale, log):
     """The forward on the split family's kernels, or None where they do not run (see _split_launch)."""
     y = torch.empty_like(x, dtype=out_dtype)
-    launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0}, False)
+    launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0, "PDL": 0}, False)
     if launch is None:
         return None
     s = 1.0 if scale is None else float(scale)
@@ -102,7 +104,7 @@ def _kernel_backward(dy, y, dim, group, scale, log):
     dx = torch.empty_like(y)
     if dy.stride() != y.stride():
         return None
-    launch = _split_launch(dy, dx, dim, {"LOG": int(log)}, True)
+    launch = _split_launch(dy, dx, dim, {"LOG": int(log), "PDL": 0}, True)
     if launch is None:
         return None
     s = 1.0 if scale is None else float(scale)
