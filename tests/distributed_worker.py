@@ -36,9 +36,10 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     from tritonsoftmax.kernels import split
 
-    passes = []  # the split family's first passes run for the distributed softmax (our kernels, not torch operators)
-    partials = split.SplitLaunch.partials
-    split.SplitLaunch.partials = lambda self, *a: passes.append(self.words) or partials(self, *a)
+    passes = []  # the split family's passes the distributed functions ran (our kernels, not torch operators)
+    partials, write = split.SplitLaunch.partials, split.SplitLaunch.write
+    split.SplitLaunch.partials = lambda self, *a: passes.append(("stats", self.words)) or partials(self, *a)
+    split.SplitLaunch.write = lambda self, *a: passes.append(("write", self.words)) or write(self, *a)
     try:
         mine = _slices(widths)[rank]
         V = sum(widths)
@@ -54,7 +55,8 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                 passes.clear()
                 y = fn(xl, -1, scale=0.5)
                 y.backward(dy[:, mine])
-                assert passes == [2, 1], f"rank {rank}: the kernels' passes (forward, backward) ran as {passes}"
+                assert passes == [("stats", 2), ("write", 2), ("stats", 1), ("write", 1)], \
+                    f"rank {rank}: the kernels' passes (forward, backward) ran as {passes}"
                 xw = x.double().requires_grad_()
                 yw = ref(xw * 0.5, -1)
                 yw.backward(dy.double())
@@ -71,14 +73,18 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
             # rank 0's slice of row 1 far below the rest (its exp underflows against the other ranks' maxima), yet
             # small enough that fp32 keeps the loss exact to ~1e-5 where it is the whole row (a world of one)
             xs[1, :] = xs[1, :].nan_to_num(neginf=-50.0)
+            w = torch.randn(6, generator=gen).to(device)  # signed per-row weights of the loss, one of them 0
+            w[5] = 0.0
             for reduction in ("mean", "sum", "none"):
                 for smoothing in (0.0, 0.1):
                     xl = xs[:, mine].clone().requires_grad_()
+                    passes.clear()
                     loss = tsd.cross_entropy(xl, target, reduction=reduction, label_smoothing=smoothing)
-                    (loss.sum() if reduction == "none" else loss).backward()
+                    ((loss.float() * w).sum() if reduction == "none" else loss).backward()
+                    assert passes == [("stats", 2), ("write", 2)], f"rank {rank}: cross_entropy's passes: {passes}"
                     xw = xs.double().requires_grad_()
                     lw = F.cross_entropy(xw, target, reduction=reduction, label_smoothing=smoothing)
-                    (lw.sum() if reduction == "none" else lw).backward()
+                    ((lw * w.double()).sum() if reduction == "none" else lw).backward()
                     what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
                     _close(loss, lw, dtype, what)
                     _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")

@@ -13,8 +13,10 @@ softmax and log_softmax run the split family's two kernels where our kernels tak
 GPU, or on the CPU under the Triton interpreter): its first pass writes each chunk's (max, sum) partial, those are
 combined per row here and across ranks by the collective, and its second pass writes the slice from the whole
 row's pair (given as the row's first partial, the others empty); the backward likewise with its partial sums.
-Elsewhere (float64, CPU tensors without the interpreter, inside ``torch.compile``) the passes are torch operators,
-fp32 math. cross_entropy's passes are torch operators. The collectives are ``torch.distributed``'s, on whatever
+cross_entropy runs the same first pass for its log-sum-exp, and its gradient g * (softmax - smoothing / V - (1 -
+smoothing) * onehot) as the second pass writing g * softmax (the row's pair given as (lse, 1 / g)) in fp32, then the
+smoothing and the target's column in place. Elsewhere (float64, CPU tensors without the interpreter, inside
+``torch.compile``) the passes are torch operators, fp32 math. The collectives are ``torch.distributed``'s, on whatever
 backend the group runs (NCCL, RCCL, gloo). Inside ``torch.compile`` they run as captured (tested with the eager
 backend over gloo); inductor's code and CUDA graphs are not checked yet.
 """
@@ -79,21 +81,33 @@ def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, bac
     return execute.prepare_launch(problem, a, out, "split", flags, backward)
 
 
+def _row_pair(launch, a: torch.Tensor, out: torch.Tensor, extra: tuple, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole row's (max, sum of exp(z - max)), shape (rows, 1), from ``launch``'s first pass over this rank's
+    slice: the slice's chunks combined here, the ranks' pairs by the one all-gather."""
+    pairs = launch.partials(a, out, *extra).view(-1, launch.chunks_per_row, 2)
+    m, part = pairs[..., 0], pairs[..., 1]
+    local = m.amax(1, keepdim=True)
+    return _combine(local, (part * torch.exp(m - _shift(local))).sum(1, keepdim=True), group)
+
+
+def _write_from_pair(launch, a: torch.Tensor, out: torch.Tensor, top: torch.Tensor, total: torch.Tensor,
+                     extra: tuple) -> None:
+    """``launch``'s second pass over the slice given the whole row's pair (top, total), shape (rows, 1): the pair is
+    each row's first partial, the others empty (max -inf, sum 0), so the kernel's combine returns it as it is."""
+    whole = torch.zeros(top.shape[0], launch.chunks_per_row, 2, device=top.device, dtype=torch.float32)
+    whole[..., 0] = float("-inf")
+    whole[:, :1, 0], whole[:, :1, 1] = top, total
+    launch.write(a, out, whole.view(-1), *extra)
+
+
 def _kernel_forward(x, dim, group, out_dtype, scale, log):
     """The forward on the split family's kernels, or None where they do not run (see _split_launch)."""
     y = torch.empty_like(x, dtype=out_dtype)
     launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0, "PDL": 0}, False)
     if launch is None:
         return None
-    s = 1.0 if scale is None else float(scale)
-    pairs = launch.partials(x, y, s).view(-1, launch.chunks_per_row, 2)
-    m, part = pairs[..., 0], pairs[..., 1]
-    local = m.amax(1, keepdim=True)
-    top, total = _combine(local, (part * torch.exp(m - _shift(local))).sum(1, keepdim=True), group)
-    whole = torch.zeros_like(pairs)
-    whole[..., 0] = float("-inf")
-    whole[:, :1, 0], whole[:, :1, 1] = top, total
-    launch.write(x, y, whole.view(-1), s)
+    extra = (1.0 if scale is None else float(scale),)
+    _write_from_pair(launch, x, y, *_row_pair(launch, x, y, extra, group), extra)
     return y
 
 
@@ -179,18 +193,24 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, group=None, dtype: torch.dtyp
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
-        z = logits.float()
-        widths = _all_gather(torch.tensor([z.shape[1]], device=z.device, dtype=torch.int64), group).flatten()
+        widths = _all_gather(torch.tensor([logits.shape[1]], device=logits.device, dtype=torch.int64), group).flatten()
         rank = dist.get_rank(group)
         start, vocab = int(widths[:rank].sum()), int(widths.sum())
-        top, total = _combine(*_stats(z, 1), group)
+        # the statistics pass: the split family's first pass over the logits (it writes no output: the logits stand
+        # in for it), else torch operators in fp32
+        launch = _split_launch(logits, logits, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
+        if launch is not None:
+            top, total = _row_pair(launch, logits, logits, (1.0,), group)
+        else:
+            top, total = _combine(*_stats(logits.float(), 1), group)
         lse = (_shift(top) + torch.log(total)).squeeze(1)
         valid = target != ignore_index
-        local = valid & (target >= start) & (target < start + z.shape[1])
+        local = valid & (target >= start) & (target < start + logits.shape[1])
         picked = torch.zeros_like(lse)
         rows = local.nonzero().squeeze(1)
-        picked[rows] = z[rows, target[rows] - start]
-        sums = torch.stack([picked, z.sum(1)])  # the target's logit (on its rank) and the row's sum, over the row
+        picked[rows] = logits[rows, target[rows] - start].float()
+        row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
+        sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
         dist.all_reduce(sums, group=group)
         loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
@@ -211,10 +231,20 @@ class _CrossEntropy(torch.autograd.Function):
         elif ctx.reduction == "sum":
             g = g.expand(lse.shape)
         g = torch.where(valid, g, torch.zeros_like(g))
-        # the softmax, in one fp32 copy of the logits that becomes the gradient (no other full-size temporary)
-        dz = logits.to(torch.float32, copy=True).sub_(lse[:, None]).exp_()
-        dz -= ctx.smoothing / ctx.vocab
         rows = (valid & (target >= ctx.start) & (target < ctx.start + logits.shape[1])).nonzero().squeeze(1)
+        dz = torch.empty_like(logits, dtype=torch.float32)
+        launch = _split_launch(logits, dz, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
+        if launch is not None:
+            # g * softmax in the split family's write pass: the row's pair given as (lse, 1 / g), so that
+            # exp(z - lse) / (1 / g) = g * p (a row of g = 0 gets 1 / 0 = inf, and 0)
+            _write_from_pair(launch, logits, dz, lse[:, None], (1.0 / g)[:, None], (1.0,))
+            if ctx.smoothing:
+                dz -= (g * (ctx.smoothing / ctx.vocab))[:, None]
+            dz[rows, target[rows] - ctx.start] -= (1.0 - ctx.smoothing) * g[rows]
+            return dz.to(logits.dtype), None, None, None, None, None
+        # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
+        dz.copy_(logits).sub_(lse[:, None]).exp_()
+        dz -= ctx.smoothing / ctx.vocab
         dz[rows, target[rows] - ctx.start] -= 1.0 - ctx.smoothing
         dz *= g[:, None]
         return dz.to(logits.dtype), None, None, None, None, None
