@@ -2,6 +2,8 @@
 on one rank only and one on every rank, ignore_index, label smoothing, fp32 and fp16, forward and backward, every
 element of every rank's slice against torch on the whole tensor."""
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -45,3 +47,28 @@ def test_inputs_it_refuses():
         tsd.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), reduction="avg")
     with pytest.raises(ValueError, match="rows"):
         tsd.cross_entropy(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
+
+
+def _bench_rank(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    from bench import distributed as bench_distributed
+
+    assert bench_distributed.main(["--rows", "3", "--vocab", "53", "--dtype", "float32", "--iters", "2",
+                                   "--out", out]) == 0
+
+
+@needs_gloo
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU harness check; on GPUs it runs under torchrun")
+def test_distributed_benchmark_checks_every_line_then_writes_its_summary(tmp_path):
+    """bench.distributed over 2 gloo processes on a tiny point: its providers pass their checks against torch on the
+    whole tensor (a failing one raises), and rank 0 writes the summary with the command first and both ratios."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_bench_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("Command: `torchrun --nproc-per-node 2 -m bench.distributed")
+    row = [line for line in summary.splitlines() if line.startswith("| 3×53 |")]
+    assert len(row) == 1 and row[0].count("|") == summary.splitlines()[4].count("|")
+    assert (tmp_path / "distributed.csv").read_text().startswith("M,V,dtype,ranks")
