@@ -157,3 +157,12 @@ def test_warm_calls_reuse_the_launch_with_new_scales_and_still_check_them(tdtype
         assert (key + execute._scale_signature(t) in execute._prepared) == (DEVICE != "cpu")
     with pytest.raises(ValueError, match="no gradient"):
         tritonsoftmax.softmax(x, scale=t.clone().requires_grad_())
+    y = torch.softmax(x.double() * t.double(), -1).float()
+    bwd_key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), -1, "auto", False) + execute._scale_signature(t)
+    for seed in (6, 7):  # the backward likewise: its second call of a signature is warm, with the call's scales
+        dy = random_input((5, 3000), torch.float32, DEVICE, seed=seed)
+        dx = execute.backward(dy, y, -1, "auto", t, False, torch.float32)
+        td = t.double()
+        ref = td * y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+        assert (dx.double() - ref).abs().max().item() <= TOL[torch.float32]
+        assert (bwd_key in execute._prepared) == (DEVICE != "cpu")

@@ -230,10 +230,12 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
     """The input gradient of softmax/log_softmax from the incoming gradient and the saved output:
     scale * y * (dy - sum(dy * y)), or scale * (dy - exp(y) * sum(dy)) for log_softmax (``scale``: a float, or
     a tensor of one scale a row, as the forward took it)."""
-    if type(scale) is float:
+    per_row = type(scale) is torch.Tensor
+    if per_row or type(scale) is float:
         try:
             stride = y.stride()
-            hit = _prepared.get(("bwd", y.shape, stride, y.dtype, y.get_device(), dim, impl, log))
+            key = ("bwd", y.shape, stride, y.dtype, y.get_device(), dim, impl, log)
+            hit = _prepared.get(key + _scale_signature(scale) if per_row else key)
         except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
             hit = None
         if hit is not None and (dy.dtype != y.dtype or dy.stride() != stride):
@@ -242,7 +244,11 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
             # a warm call: the signature of an earlier one that ran our kernels on these strides
             dx = torch.empty_like(y)
             try:
-                hit[0](dy, dx, y, scale)
+                if per_row:  # the scales laid out one a row (checked again: their values may now want a gradient)
+                    d = dim % y.dim()
+                    hit[2](dy, dx, y, row_scales(scale_view(scale, y, d), y, d))
+                else:
+                    hit[0](dy, dx, y, scale)
             except RuntimeError:  # a torch.func wrapper has no storage: its data_ptr raises before any launch
                 if not functorch_active():
                     raise
@@ -262,12 +268,13 @@ def _backward_cold(dy, y, dim, impl, scale, log, input_dtype) -> torch.Tensor:
     if dy.dtype != y.dtype or dy.stride() != y.stride():
         dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
     dx = torch.empty_like(y)
-    if per_row:  # the kernels' ROW_SCALE form, prepared anew each call (no warm entry)
+    remember = key if y.device.type != "cpu" else None  # the interpreter reads the environment on every call
+    if per_row:  # the kernels' ROW_SCALE form
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log), "ROW_SCALE": 1}, True,
-                     row_scales(scale_view(scale, y, dim), y, dim), None, y.dtype)
+                     row_scales(scale_view(scale, y, dim), y, dim), remember + _scale_signature(scale)
+                     if remember else None, y.dtype)
     else:
-        _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale),
-                     key if y.device.type != "cpu" else None, y.dtype)
+        _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale), remember, y.dtype)
     return dx if input_dtype == dx.dtype else dx.to(input_dtype)
 
 
