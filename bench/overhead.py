@@ -75,6 +75,14 @@ def graph_us(fn, calls: int = 200) -> float:
     return best
 
 
+def busy_host() -> str:
+    """The host's 1-minute load average over its CPU cores (``?`` where the OS does not say)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f} / {os.cpu_count()}"
+    except (AttributeError, OSError):
+        return "?"
+
+
 def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
     """What the host columns time, by column: forward calls without a gradient to record, then forward and
     backward with one (``torch.autograd.grad``: no accumulation into ``.grad``)."""
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from tritonsoftmax import ops  # noqa: F401  (registers torch.ops.tritonsoftmax)
     from tritonsoftmax.device import device_info
 
+    load_start = busy_host()
     names = list(host_functions(torch.empty(0), torch.empty(0)))
     table = ["| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs |",
              "| " + " | ".join(["---"] * (len(names) + 4)) + " |"]
@@ -144,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
              f"2000 back-to-back calls, median of {args.rounds} interleaved rounds (one process). GPU µs: the same "
              "call captured in a CUDA graph and replayed (no host work). `fwd+bwd`: `torch.autograd.grad` of the "
              "forward with a gradient to record; `through the operator`: the `tritonsoftmax::softmax` operator that "
-             "`torch.compile` calls; `ours`: the plain eager call.", "", *table]
+             "`torch.compile` calls; `ours`: the plain eager call.", "",
+             f"Host load (1-minute load average / CPU cores) at the start {load_start} and at the end {busy_host()}: "
+             "other work on the host slows every column alike, torch's too.", "", *table]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out}/summary.md")
     return 0

@@ -1,5 +1,6 @@
 """The benchmark sweep runs end to end (on the CPU under the interpreter) and merges its parts."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -273,6 +274,7 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
     assert all(row in summary for row in rows) and "NVIDIA H200" in summary
+    assert summary.count(f" / {os.cpu_count()}") == 2, "the host's load at the start and the end"
 
 
 def test_baseline_copy_renames_the_package_its_operators_and_its_variables():
