@@ -26,8 +26,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str)
         f"{what}: max error {diff.max().item()}"
 
 
-def run(rank: int, world: int, init: str, widths: list[int], backend: str = "gloo") -> None:
-    """One rank's checks over ``backend`` (gloo: CPU tensors; nccl: this rank's GPU)."""
+def run(rank: int, world: int, init: str, widths: list[int], backend: str = "gloo",
+        compilers: tuple[str, ...] = ("aot_eager",)) -> None:
+    """One rank's checks over ``backend`` (gloo: CPU tensors; nccl: this rank's GPU); the compiled checks with each
+    torch.compile backend of ``compilers``."""
     import tritonsoftmax.distributed as tsd
 
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -88,33 +90,38 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                     what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
                     _close(loss, lw, dtype, what)
                     _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")
-        _compiled(rank, widths, device)
+        for compiler in compilers:
+            _compiled(rank, widths, device, compiler)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _compiled(rank: int, widths: list[int], device: torch.device) -> None:
-    """softmax and cross_entropy inside torch.compile (the eager backend: dynamo's capture, no code generation),
-    forward and backward, against torch on the whole tensor."""
+def _compiled(rank: int, widths: list[int], device: torch.device, compiler: str) -> None:
+    """softmax and cross_entropy inside torch.compile with ``compiler`` (aot_eager: dynamo's capture and autograd's
+    trace, no code generation; inductor: generated code), one graph each (fullgraph: the collectives are captured,
+    not left to eager), forward and backward, against torch on the whole tensor."""
     import tritonsoftmax.distributed as tsd
 
+    torch._dynamo.reset()
     mine, V = _slices(widths)[rank], sum(widths)
     gen = torch.Generator().manual_seed(9)
     x = (torch.randn(4, V, generator=gen) * 2).to(device)
     target = torch.randint(0, V, (4,), generator=gen).to(device)
+    what = f"rank {rank} compiled ({compiler})"
     xl = x[:, mine].clone().requires_grad_()
-    y = torch.compile(lambda t: tsd.softmax(t, -1) * 2.0, backend="eager")(xl)
+    y = torch.compile(lambda t: tsd.softmax(t, -1) * 2.0, backend=compiler, fullgraph=True)(xl)
     y.sum().backward()
     xw = x.double().requires_grad_()
     (torch.softmax(xw, -1) * 2.0).sum().backward()
-    _close(y, torch.softmax(x.double(), -1)[:, mine] * 2.0, torch.float32, f"rank {rank} compiled softmax")
-    _close(xl.grad, xw.grad[:, mine], torch.float32, f"rank {rank} compiled softmax gradient")
+    _close(y, torch.softmax(x.double(), -1)[:, mine] * 2.0, torch.float32, f"{what} softmax")
+    _close(xl.grad, xw.grad[:, mine], torch.float32, f"{what} softmax gradient")
     xl = x[:, mine].clone().requires_grad_()
-    loss = torch.compile(lambda t, tg: tsd.cross_entropy(t, tg), backend="eager")(xl, target)
+    loss = torch.compile(lambda t, tg: tsd.cross_entropy(t, tg, label_smoothing=0.1), backend=compiler,
+                         fullgraph=True)(xl, target)
     loss.backward()
     xw = x.double().requires_grad_()
-    lw = F.cross_entropy(xw, target)
+    lw = F.cross_entropy(xw, target, label_smoothing=0.1)
     lw.backward()
-    _close(loss, lw, torch.float32, f"rank {rank} compiled cross_entropy")
-    _close(xl.grad, xw.grad[:, mine], torch.float32, f"rank {rank} compiled cross_entropy gradient")
+    _close(loss, lw, torch.float32, f"{what} cross_entropy")
+    _close(xl.grad, xw.grad[:, mine], torch.float32, f"{what} cross_entropy gradient")

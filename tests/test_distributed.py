@@ -19,10 +19,14 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 @needs_gloo
-@pytest.mark.parametrize("widths", [[37, 26], [20, 1, 29]], ids=["2-ranks", "3-ranks-one-of-width-1"])
-def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_path, widths):
+@pytest.mark.parametrize("widths,compilers", [([37, 26], ("aot_eager", "inductor")), ([20, 1, 29], ("aot_eager",))],
+                         ids=["2-ranks", "3-ranks-one-of-width-1"])
+def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_path, widths, compilers):
+    """Every check of distributed_worker.run on each rank; inside torch.compile (one graph) with aot_eager, and with
+    inductor's generated code on two ranks."""
     init = f"file://{tmp_path / 'store'}"
-    mp.spawn(distributed_worker.run, args=(len(widths), init, widths), nprocs=len(widths), join=True)
+    mp.spawn(distributed_worker.run, args=(len(widths), init, widths, "gloo", compilers), nprocs=len(widths),
+             join=True)
 
 
 @pytest.mark.gpu

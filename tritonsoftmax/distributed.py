@@ -17,8 +17,8 @@ cross_entropy runs the same first pass for its log-sum-exp, and its gradient g *
 smoothing) * onehot) as the second pass writing g * softmax (the row's pair given as (lse, 1 / g)) in fp32, then the
 smoothing and the target's column in place. Elsewhere (float64, CPU tensors without the interpreter, inside
 ``torch.compile``) the passes are torch operators, fp32 math. The collectives are ``torch.distributed``'s, on whatever
-backend the group runs (NCCL, RCCL, gloo). Inside ``torch.compile`` they run as captured (tested with the eager
-backend over gloo); inductor's code and CUDA graphs are not checked yet.
+backend the group runs (NCCL, RCCL, gloo). Under ``torch.compile`` each function is one graph, collectives
+included (tested with aot_eager and inductor over gloo); CUDA graphs are not checked yet.
 """
 
 from __future__ import annotations
@@ -191,11 +191,14 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, group=None, dtype: torch.dtyp
 
 
 class _CrossEntropy(torch.autograd.Function):
+    """Where this rank's slice starts and the vocabulary's size stay tensors, and the target's column is picked with
+    a gather and corrected with a scatter under a mask (no data-dependent shapes): torch.compile captures it whole."""
+
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
-        widths = _all_gather(torch.tensor([logits.shape[1]], device=logits.device, dtype=torch.int64), group).flatten()
-        rank = dist.get_rank(group)
-        start, vocab = int(widths[:rank].sum()), int(widths.sum())
+        width = logits.shape[1]
+        widths = _all_gather(torch.tensor([width], device=logits.device, dtype=torch.int64), group).flatten()
+        start, vocab = widths[:dist.get_rank(group)].sum(), widths.sum().float()
         # the statistics pass: the split family's first pass over the logits (it writes no output: the logits stand
         # in for it), else torch operators in fp32
         launch = _split_launch(logits, logits, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
@@ -205,18 +208,19 @@ class _CrossEntropy(torch.autograd.Function):
             top, total = _combine(*_stats(logits.float(), 1), group)
         lse = (_shift(top) + torch.log(total)).squeeze(1)
         valid = target != ignore_index
-        local = valid & (target >= start) & (target < start + logits.shape[1])
+        local = valid & (target >= start) & (target < start + width)  # the target's column is on this rank
+        column = (target - start).clamp(0, max(width - 1, 0))
         picked = torch.zeros_like(lse)
-        rows = local.nonzero().squeeze(1)
-        picked[rows] = logits[rows, target[rows] - start].float()
+        if width:
+            picked = torch.where(local, logits.gather(1, column[:, None]).squeeze(1).float(), picked)
         row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
         sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
         dist.all_reduce(sums, group=group)
         loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
         count = valid.sum()
-        ctx.save_for_backward(logits, lse, target, valid, count)
-        ctx.start, ctx.vocab, ctx.smoothing, ctx.reduction = start, vocab, smoothing, reduction
+        ctx.save_for_backward(logits, lse, valid, count, local, column, vocab)
+        ctx.smoothing, ctx.reduction = smoothing, reduction
         if reduction == "none":
             return loss.to(logits.dtype)
         out = loss.sum()
@@ -224,29 +228,29 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        logits, lse, target, valid, count = ctx.saved_tensors
+        logits, lse, valid, count, local, column, vocab = ctx.saved_tensors
+        smoothing = ctx.smoothing
         g = grad.float()
         if ctx.reduction == "mean":
             g = (g / count).expand(lse.shape)
         elif ctx.reduction == "sum":
             g = g.expand(lse.shape)
         g = torch.where(valid, g, torch.zeros_like(g))
-        rows = (valid & (target >= ctx.start) & (target < ctx.start + logits.shape[1])).nonzero().squeeze(1)
         dz = torch.empty_like(logits, dtype=torch.float32)
         launch = _split_launch(logits, dz, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
         if launch is not None:
             # g * softmax in the split family's write pass: the row's pair given as (lse, 1 / g), so that
             # exp(z - lse) / (1 / g) = g * p (a row of g = 0 gets 1 / 0 = inf, and 0)
             _write_from_pair(launch, logits, dz, lse[:, None], (1.0 / g)[:, None], (1.0,))
-            if ctx.smoothing:
-                dz -= (g * (ctx.smoothing / ctx.vocab))[:, None]
-            dz[rows, target[rows] - ctx.start] -= (1.0 - ctx.smoothing) * g[rows]
-            return dz.to(logits.dtype), None, None, None, None, None
-        # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
-        dz.copy_(logits).sub_(lse[:, None]).exp_()
-        dz -= ctx.smoothing / ctx.vocab
-        dz[rows, target[rows] - ctx.start] -= 1.0 - ctx.smoothing
-        dz *= g[:, None]
+            if smoothing:
+                dz -= (g * smoothing / vocab)[:, None]
+        else:  # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
+            dz.copy_(logits).sub_(lse[:, None]).exp_()
+            dz -= smoothing / vocab
+            dz *= g[:, None]
+        if logits.shape[1]:  # - (1 - smoothing) * g at the target's column, where it is on this rank
+            onehot = torch.where(local, g * -(1.0 - smoothing), torch.zeros_like(g))
+            dz.scatter_add_(1, column[:, None], onehot[:, None])
         return dz.to(logits.dtype), None, None, None, None, None
 
 
