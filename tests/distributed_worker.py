@@ -90,6 +90,13 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                     what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
                     _close(loss, lw, dtype, what)
                     _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")
+        if device.type == "cpu":  # on a GPU the check is a device-side assert, which ends the process (as torch's)
+            bad = torch.full((6,), sum(widths), dtype=torch.int64)  # one past the vocabulary
+            try:
+                tsd.cross_entropy(x[:, mine].float(), bad)
+                raise AssertionError(f"rank {rank}: a target outside the vocabulary was not refused")
+            except RuntimeError as e:
+                assert "outside the vocabulary" in str(e), str(e)
         for compiler in compilers:
             _compiled(rank, widths, device, compiler)
         dist.barrier()

@@ -208,6 +208,10 @@ class _CrossEntropy(torch.autograd.Function):
             top, total = _combine(*_stats(logits.float(), 1), group)
         lse = (_shift(top) + torch.log(total)).squeeze(1)
         valid = target != ignore_index
+        # a target outside the vocabulary would pick no logit on any rank: an error, as in F.cross_entropy (checked
+        # on the device, without a host synchronisation)
+        torch._assert_async((~valid | ((target >= 0) & (target < widths.sum()))).all(),
+                            "cross_entropy: a target is outside the vocabulary (and is not ignore_index)")
         local = valid & (target >= start) & (target < start + width)  # the target's column is on this rank
         column = (target - start).clamp(0, max(width - 1, 0))
         picked = torch.zeros_like(lse)
