@@ -8,7 +8,7 @@ from synthetic_devices import GFX942, GFX1201, SM75, SM89, SM90, meta_problem
 from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig, m_bucket, n_bucket, next_power_of_2
 from tritonsoftmax.device import gpu_slug, warp_size_for_arch
-from tritonsoftmax.kernels import ALL_FAMILY_NAMES, FAMILY_NAMES, family, fused, gluon_available
+from tritonsoftmax.kernels import ALL_FAMILY_NAMES, FAMILY_NAMES, constexprs, family, fused, gluon_available
 from tritonsoftmax.kernels.sizing import chunks
 from tritonsoftmax.layout import whole_vectors
 from tritonsoftmax.policy import policy_for
@@ -104,6 +104,32 @@ def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
         assert held(1152, bf16, device=device)["HELD"] == 1
         assert held(1152, bf16, backward=True, device=device) is None
     assert dispatch.resolve("auto", 4096, 1152, bf16, SM90, False, True, True).config["HELD"] == 1
+
+
+def test_held_quarters_hold_rows_past_three_quarters_of_the_block_where_the_policy_says(monkeypatch):
+    """A policy's held_quarters (no shipped table has one yet) holds many aligned rows past three quarters of their
+    block as half, quarter and tail (HELD 2), with warps for what that holds; rows off 16 bytes, rows the quarter
+    does not shorten and blocks outside its range keep the rules without it."""
+    import dataclasses
+
+    real = dispatch.policy_for
+    monkeypatch.setattr(dispatch, "policy_for",
+                        lambda dev: dataclasses.replace(real(dev), held_quarters={"fwd": {2: (4096, 8192)}}))
+    bf16 = torch.bfloat16
+
+    def held(N, aligned=True, backward=False):
+        return dispatch.held_row_config(dispatch.Shape(4096, N, bf16, SM90, backward, aligned))
+
+    assert held(6464) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=2), "4096 + 2048 + 512: 6656 held"
+    assert dispatch.fused_held(dispatch.Shape(4096, 6464, bf16, SM90, False, True)) == 6656
+    assert held(3200) == LaunchConfig.make(4, BLOCK_N=4096, ROWS=1, HELD=2), "2048 + 1024 + 128"
+    assert held(6464, aligned=False) is None, "realigned rows: two pieces at most (the tail is the half)"
+    assert held(4480)["HELD"] == 1, "past the half but not three quarters: held_tails"
+    assert held(6464, backward=True) is None, "the backward is not in the table"
+    assert constexprs.row_pieces(1600, 2048)[0] and not dispatch.held_quarters(
+        dispatch.Shape(4096, 1600, bf16, SM90, False, True)), "a 2K block: outside the range"
+    monkeypatch.setattr(dispatch, "policy_for", real)
+    assert held(6464) is None, "the shipped sm_90 policy holds no quarters"
 
 
 def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):

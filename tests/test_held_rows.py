@@ -53,8 +53,46 @@ def test_fused_held_rows_match_reference(dtype, N, rows, log, padded):
     """A HELD config over M rows (not a multiple of ROWS): the row's max in its tail, a row of -inf
     (zero_masked_rows), a padded row stride (one-row tiles of 16-bit rows then take the realigned path)
     that nothing may write into; forward and backward, every element."""
+    _check_held(dtype, N, rows, log, padded, 1)
+
+
+@pytest.mark.parametrize("N,block,align,pieces", [
+    (6464, 8192, 1, (2048, 512)),   # 4096 + 2048 + 512
+    (6145, 8192, 1, (2048, 1)),     # one past three quarters
+    (7168, 8192, 1, (2048, 1024)),  # 4096 + 2048 + 1024
+    (7169, 8192, 1, (0, 0)),        # the tail would be a quarter: the whole block
+    (6144, 8192, 1, (0, 2048)),     # three quarters exactly: half + a 2048 tail (two pieces)
+    (3200, 4096, 1, (1024, 128)),
+    (1600, 2048, 1, (512, 64)),
+    (6464, 8192, 8, (0, 0)),        # realigned rows: two pieces at most (this one none)
+    (3, 4, 1, (0, 1)),              # a block of 4 has no quarter to hold
+])
+def test_three_pieces_hold_the_row_in_half_a_quarter_and_a_tail(N, block, align, pieces):
+    assert constexprs.row_pieces(N, block, align) == pieces
+    mid, tail = pieces
+    held = constexprs.held_length(N, block, align, quarter=True)
+    assert held == (block // 2 + mid + tail if mid else block // 2 + tail if tail else block)
+    assert held >= -(-N // align) * align
+
+
+# (dtype, N, rows a program): rows past three quarters of their block, one-row and several-row tiles
+THREE_PIECE_CASES = [(torch.float32, 6464, 1), (torch.bfloat16, 3200, 1), (torch.float16, 1600, 2),
+                     (torch.float32, 6145, 2), (torch.bfloat16, 7168, 1), (torch.float32, 100, 4)]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,rows", THREE_PIECE_CASES,
+                         ids=[f"{str(d)[6:]}-{n}-r{r}" for d, n, r in THREE_PIECE_CASES])
+def test_fused_rows_in_three_pieces_match_reference(dtype, N, rows, log, padded):
+    """A HELD 2 config: as the HELD test above, the row held as half, quarter and tail (MID) wherever the launch
+    can (realigned one-row tiles fall back to two pieces), forward and backward, every element."""
+    _check_held(dtype, N, rows, log, padded, 2)
+
+
+def _check_held(dtype, N, rows, log, padded, held):
     block = next_power_of_2(N)
-    config = LaunchConfig.make(4, BLOCK_N=block, ROWS=rows, HELD=1)
+    config = LaunchConfig.make(4, BLOCK_N=block, ROWS=rows, HELD=held)
     M = 3 * rows + 1
     cols = N + 3 if padded else N
     x = random_input((M, cols), dtype, DEVICE, seed=N)[:, :N]
@@ -66,7 +104,9 @@ def test_fused_held_rows_match_reference(dtype, N, rows, log, padded):
                                   flags={"LOG": int(log), "ZERO_MASKED": 1})
     fwd(x, y, 1.0)
     align = fwd.flags["ALIGN"]
-    assert fwd.flags["TAIL"] == constexprs.row_tail(N, block, align, any_tail=True)
+    mid, tail = constexprs.row_pieces(N, block, align) if held == 2 else (0, constexprs.row_tail(N, block, align,
+                                                                                                  any_tail=True))
+    assert (fwd.flags["MID"], fwd.flags["TAIL"]) == (mid, tail)
     want = torch.log_softmax(x.double(), -1) if log else torch.softmax(x.double(), -1)
     want[2] = 0.0
     got = y.double()
@@ -84,7 +124,10 @@ def test_fused_held_rows_match_reference(dtype, N, rows, log, padded):
     back = backward_family("fused").prepare(matrix_problem(dy, dx), config, device_info(dy.device),
                                             flags={"LOG": int(log)})
     back(dy, dx, ys, 1.0)
-    assert back.flags["TAIL"] == constexprs.row_tail(N, block, back.flags["ALIGN"], any_tail=True)
+    align = back.flags["ALIGN"]
+    mid, tail = constexprs.row_pieces(N, block, align) if held == 2 else (0, constexprs.row_tail(N, block, align,
+                                                                                                  any_tail=True))
+    assert (back.flags["MID"], back.flags["TAIL"]) == (mid, tail)
     assert_grad_close(dx, dy, ys, log=log)
     assert torch.isnan(out[:, N:]).all()
 

@@ -28,7 +28,7 @@ from .kernels import (
     gluon_available,
     smem_launch,
 )
-from .kernels.constexprs import held_length, row_tail
+from .kernels.constexprs import held_length, row_pieces, row_tail
 from .kernels.coop import COOP_CHUNK
 from .kernels.launch_modes import NO_MODES, LaunchModes
 from .kernels.sizing import chunks, heuristic_warps
@@ -66,22 +66,36 @@ def few_rows(s: Shape) -> bool:
     return s.M < s.policy.few_rows_per_sm * s.device.sm_count
 
 
+def _blocks_in(table: dict | None, s: Shape) -> bool:
+    """A policy table {"fwd" | "bwd": {element bytes: (least block, most block)}} holds these rows' block."""
+    blocks = (table or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize)
+    return blocks is not None and blocks[0] <= next_power_of_2(s.N) <= blocks[1]
+
+
 def held_tails(s: Shape) -> bool:
     """The policy's held_tails holds these rows with any tail shorter than half the block (HELD): their block
     lies in its [least, most] for the direction and element size."""
-    blocks = (s.policy.held_tails or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize)
-    return blocks is not None and blocks[0] <= next_power_of_2(s.N) <= blocks[1]
+    return _blocks_in(s.policy.held_tails, s)
+
+
+def held_quarters(s: Shape) -> bool:
+    """The policy's held_quarters holds these rows, past three quarters of their block and on 16-byte boundaries,
+    as half, a quarter and a tail (HELD 2, kernels/constexprs.row_pieces): their block lies in its [least, most]."""
+    block = next_power_of_2(s.N)
+    return s.aligned and _blocks_in(s.policy.held_quarters, s) and row_pieces(s.N, block)[0] > 0
 
 
 def fused_held(s: Shape) -> int:
     """The elements a one-row fused tile holds for these rows, less a small tail: half the block when the kernel
-    holds the row as half a block plus a small tail (kernels/constexprs.row_tail), half plus the tail where the
-    policy holds any tail (held_tails), else the whole block. Rows off 16-byte boundaries count their whole
-    16-byte groups, as the realigned path holds them."""
+    holds the row as half a block plus a small tail (kernels/constexprs.row_tail), half, a quarter and a tail where
+    the policy holds quarters (held_quarters), half plus the tail where it holds any tail (held_tails), else the
+    whole block. Rows off 16-byte boundaries count their whole 16-byte groups, as the realigned path holds them."""
     block = next_power_of_2(s.N)
     align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize
     if row_tail(s.N, block, align):
         return block // 2
+    if held_quarters(s):
+        return held_length(s.N, block, align, quarter=True)
     return held_length(s.N, block, align, any_tail=held_tails(s))
 
 
@@ -89,13 +103,15 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     """For many rows (CUDA) that the fused kernel holds as half a block plus a tail (fused_held below the block,
     within fused_capacity): a one-row plain fused config with warps for held_values_per_thread values a thread of
     what it holds (the tuning table's entries were tuned on rows that fill the block, with warps for the whole
-    block) — with HELD, for any tail, where the policy's held_tails says so; else for small tails on blocks of
-    held_min_block and up. Else None."""
+    block) — with HELD 2 (half, quarter, tail) where the policy's held_quarters says so, HELD (any tail) where
+    its held_tails does; else for small tails on blocks of held_min_block and up. Else None."""
     block = next_power_of_2(s.N)
     held = fused_held(s)
     if s.device.backend != "cuda" or few_rows(s) or held == block or held > fused_capacity(s.device):
         return None
     nw = heuristic_warps(s.device, held, per_thread=s.policy.held_values_per_thread, max_warps=32)
+    if held_quarters(s):
+        return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1, HELD=2)
     if held_tails(s):
         return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1, HELD=1)
     if block < s.policy.held_min_block:

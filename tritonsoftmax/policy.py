@@ -58,6 +58,9 @@ class Policy:
     # Many rows held as half a block plus any shorter power-of-two tail (HELD: 1152 as 1024 + 128, not 2048), by
     # direction and element size: {"fwd" | "bwd": {bytes: (least block, most block)}}; None: small tails only.
     held_tails: dict | None = None
+    # Many rows past three quarters of their block held as half, a quarter and a tail (HELD 2: 6464 as
+    # 4096 + 2048 + 512), same form as held_tails; None: off (not yet measured on any GPU).
+    held_quarters: dict | None = None
 
     # Measured special cases; None (or empty) leaves the rule out.
     # Many 16-bit forward rows off 16 bytes in this bucket: realigned online.

@@ -95,11 +95,29 @@ def row_tail(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> in
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
 
 
-def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> int:
-    """The elements a one-row fused tile of block_n holds for a row of N: half the block plus its tail
-    (row_tail), or the whole block."""
-    tail = row_tail(N, block_n, align, any_tail)
+def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, quarter: bool = False) -> int:
+    """The elements a fused tile of block_n holds for a row of N: half the block plus its tail (row_tail), with
+    ``quarter`` half plus a quarter plus its tail where row_pieces gives them, or the whole block."""
+    if quarter:  # HELD 2 (which holds any tail, as HELD 1 does, where no quarter fits)
+        mid, tail = row_pieces(N, block_n, align)
+    else:
+        mid, tail = 0, row_tail(N, block_n, align, any_tail)
+    if mid:
+        return block_n // 2 + mid + tail
     return block_n // 2 + tail if tail else block_n
+
+
+def row_pieces(N: int, block_n: int, align: int = 1) -> tuple[int, int]:
+    """(MID, TAIL) for a config with HELD 2: a row past three quarters of its block held as the first half, the
+    next quarter (MID) and a shorter power-of-two TAIL (6464 in an 8192 block: 4096 + 2048 + 512, not 8192),
+    where the three pieces hold fewer positions than the block; else (0, the HELD 1 tail: row_tail with any_tail).
+    Realigned rows (``align`` > 1) hold two pieces at most."""
+    half, mid = block_n // 2, block_n // 4
+    rest = N - half - mid
+    if align > 1 or rest <= 0 or mid < 2:
+        return 0, row_tail(N, block_n, align, any_tail=True)
+    tail = next_power_of_2(rest)
+    return (mid, tail) if tail < mid else (0, 0)
 
 
 def check_dense(problem: RowProblem, config: LaunchConfig) -> None:

@@ -73,18 +73,19 @@ def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, s
 
 
 @triton.jit
-def _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, mask, mask_t, mask_e, scale, LOG: tl.constexpr,
-                         ZERO_MASKED: tl.constexpr):
-    """Softmax of a realigned row held as three 1-D pieces (held_row_lanes: its first half, its tail and its
-    partial end groups) at x_ptr + base + pos* and y_ptr + base + pos* (masked lanes -inf)."""
-    z = load_scaled(x_ptr + base + pos, mask, scale)
-    z_t = load_scaled(x_ptr + base + pos_t, mask_t, scale)
-    z_e = load_scaled(x_ptr + base + pos_e, mask_e, scale)
-    m = tl.maximum(tl.maximum(tl.max(z, axis=0), tl.max(z_t, axis=0)), tl.max(z_e, axis=0))
-    s = tl.sum(exp(z - m), axis=0) + tl.sum(exp(z_t - m), axis=0) + tl.sum(exp(z_e - m), axis=0)
-    tl.store(y_ptr + base + pos, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_ptr + base + pos_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
-    tl.store(y_ptr + base + pos_e, finish(z_e, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_e)
+def _softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
+                         LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
+    """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
+    held_row_lanes; a row's first half, next quarter and tail, MID): input at x_ptr + base + x_*, output at
+    y_ptr + base + y_*, the same lanes (masked lanes -inf)."""
+    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
+    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
+    z_c = load_scaled(x_ptr + base + x_c, mask_c, scale)
+    m = tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0))
+    s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0) + tl.sum(exp(z_c - m), axis=0)
+    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
+    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+    tl.store(y_ptr + base + y_c, finish(z_c, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_c)
 
 
 @triton.jit
@@ -93,7 +94,7 @@ def _fused_fwd_tile(
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr,
+    ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr, MID: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1:
@@ -114,7 +115,7 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
                      mask=mask)
-        else:
+        elif MID == 0:
             cols = tl.arange(0, BLOCK_N // 2)
             cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
             mask, mask_t = cols < N, cols_t < N
@@ -122,6 +123,15 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
                                cols_t * stride_y_col, mask, mask_t, scale, LOG, ZERO_MASKED)
+        else:  # the first half, the next quarter (MID) and the tail
+            cols = tl.arange(0, BLOCK_N // 2)
+            cols_m = BLOCK_N // 2 + tl.arange(0, MID)
+            cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
+            x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
+            y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
+            _softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
+                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, cols < N,
+                                 cols_m < N, cols_t < N, scale, LOG, ZERO_MASKED)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -138,18 +148,31 @@ def _fused_fwd_tile(
         # [ROWS, TAIL] tile: no registers or instructions for the block's empty end.
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N // 2)
-        cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
+        cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
         row_ok = (rows < M)[:, None]
         mask, mask_t = row_ok & (cols < N)[None, :], row_ok & (cols_t < N)[None, :]
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         z, z_t = load_scaled(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
-        m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))[:, None]
-        s = (tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1))[:, None]
+        m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))
+        if MID:  # and a [ROWS, MID] tile between them (the tail then starts after it)
+            cols_m = BLOCK_N // 2 + tl.arange(0, MID)
+            mask_m = row_ok & (cols_m < N)[None, :]
+            x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
+            z_m = load_scaled(x_ptr + x_off_m, mask_m, scale)
+            m = tl.maximum(m, tl.max(z_m, axis=1))
+        m = m[:, None]
+        s = tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1)
+        if MID:
+            s += tl.sum(exp(z_m - m), axis=1)
+        s = s[:, None]
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         y_off_t = _tile_offsets(rows, cols_t, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         tl.store(y_ptr + y_off, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(y_ptr + y_off_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
+        if MID:
+            y_off_m = _tile_offsets(rows, cols_m, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
+            tl.store(y_ptr + y_off_m, finish(z_m, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_m)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
         # its whole ALIGN-element groups (in BLOCK_N positions, or BLOCK_N // 2 + TAIL), then its two
@@ -162,8 +185,8 @@ def _fused_fwd_tile(
             _softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
         else:
             base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(start, N, BLOCK_N // 2, TAIL, ALIGN)
-            _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, mask, mask_t, mask_e, scale, LOG,
-                                 ZERO_MASKED)
+            _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, pos, pos_t, pos_e, mask, mask_t, mask_e, scale,
+                                 LOG, ZERO_MASKED)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -175,6 +198,7 @@ def _softmax_fused_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
+    MID: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -201,7 +225,10 @@ def _softmax_fused_fwd_kernel(
     BLOCK_N // 2 + TAIL positions the same way (row_tail counts them); a several-row tile holds
     [ROWS, BLOCK_N // 2] plus [ROWS, TAIL] (the launch gives several-row tiles a TAIL only with HELD).
     HELD (a config meta-parameter the kernel does not read): the launch derives TAIL from
-    row_tail(any_tail=True), any tail shorter than the half (1152 elements: 1024 + 128), not only small ones.
+    row_tail(any_tail=True), any tail shorter than the half (1152 elements: 1024 + 128), not only small ones;
+    with HELD 2 MID and TAIL from constexprs.row_pieces. MID: 0, or a quarter of BLOCK_N on the plain paths
+    (ALIGN == 1, or several rows): the row is then held as its first half, the next MID elements and a TAIL
+    after them (6464: 4096 + 2048 + 512 positions, not 8192).
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions
     a value for a program of 1 warp; off where an offset could pass 2**31 - 1 (PreparedLaunch,
     kernel_family.pruned_for_key).
@@ -214,12 +241,12 @@ def _softmax_fused_fwd_kernel(
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                        I32, ROW_SCALE)
+                        I32, ROW_SCALE, MID)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                             stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                            I32, ROW_SCALE)
+                            I32, ROW_SCALE, MID)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -230,7 +257,7 @@ def _softmax_fused_bwd_kernel(
     N_BUCKET, M_BUCKET,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, RELOAD: tl.constexpr = 0, DENSE: tl.constexpr = 0, HINTS: tl.constexpr = 1,
-    I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
+    I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0, MID: tl.constexpr = 0,
 ):
     """Backward of ROWS whole rows per program: dx = scale * y * (dy - sum(dy * y)) for softmax,
     scale * (dy - exp(y) * sum(dy)) for log_softmax (LOG; y is then the log-probabilities).
@@ -238,7 +265,7 @@ def _softmax_fused_bwd_kernel(
     dy_ptr, y_ptr: the incoming gradient and the saved output, one layout (stride_g_*);
     dx_ptr: the input gradient (stride_d_*). Other arguments as in the forward kernel.
     Masked lanes load 0, which adds nothing to either row sum. ALIGN: as in the forward (one-row
-    tiles only; dy, y and dx in one layout). VEC, TAIL, HELD: as in the forward.
+    tiles only; dy, y and dx in one layout). VEC, TAIL, HELD, MID: as in the forward.
     RELOAD (plain tiles: TAIL 0, and ALIGN 1 or several rows): the tile is loaded evict_last for the
     sum and loaded again evict_first (from cache) for the write, as inductor's two-loop backward does,
     instead of being held across the reduction: fewer registers, so more programs an SM. The other
@@ -261,18 +288,29 @@ def _softmax_fused_bwd_kernel(
         # The rows held as their first BLOCK_N // 2 elements plus a TAIL-element tile (row_tail).
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N // 2)
-        cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
+        cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         mask_t = (rows < M)[:, None] & (cols_t < N)[None, :]
         g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         dy, y = load_f32(dy_ptr + g_off, mask), load_f32(y_ptr + g_off, mask)
         dy_t, y_t = load_f32(dy_ptr + g_off_t, mask_t), load_f32(y_ptr + g_off_t, mask_t)
-        red = (tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1))[:, None]
+        red = tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1)
+        if MID:  # and the [ROWS, MID] tile between the half and the tail
+            cols_m = BLOCK_N // 2 + tl.arange(0, MID)
+            mask_m = (rows < M)[:, None] & (cols_m < N)[None, :]
+            g_off_m = _tile_offsets(rows, cols_m, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
+            dy_m, y_m = load_f32(dy_ptr + g_off_m, mask_m), load_f32(y_ptr + g_off_m, mask_m)
+            red += tl.sum(grad_term(dy_m, y_m, LOG), axis=1)
+        red = red[:, None]
         d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
         d_off_t = _tile_offsets(rows, cols_t, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
         tl.store(dx_ptr + d_off, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + d_off_t, grad_input(dy_t, y_t, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask_t)
+        if MID:
+            d_off_m = _tile_offsets(rows, cols_m, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
+            tl.store(dx_ptr + d_off_m, grad_input(dy_m, y_m, red, scale, LOG).to(dx_ptr.dtype.element_ty),
+                     mask=mask_m)
     elif DENSE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         offs = rows.to(tl.int64)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]

@@ -18,7 +18,7 @@ from triton.runtime import driver
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2
 from ..device import DeviceInfo, cuda_index, device_info
 from ..layout import RowProblem, matrix_problem
-from .constexprs import check_dense, check_same_layout, row_align, row_tail, row_vec, whole_chunks
+from .constexprs import check_dense, check_same_layout, row_align, row_pieces, row_tail, row_vec, whole_chunks
 from .triton_launcher import (
     COMPILE_OPTIONS,
     PORTABLE_CLUSTER,
@@ -142,10 +142,15 @@ class PreparedLaunch(Launch):
         if "TAIL" in self.family.kernel.arg_names and "TAIL" not in self.flags:
             meta = dict(self.config.meta) if self.config is not None else {}
             block_n = meta.get("BLOCK_N", next_power_of_2(self.problem.N))
-            held = bool(meta.get("HELD", 0))
-            # several-row tiles hold a tail only when the config asks (HELD); one-row tiles also take small ones
-            tail = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1), any_tail=held)
+            held = meta.get("HELD", 0)
+            mid = 0
+            if held == 2:  # half, a quarter and a tail where the row passes three quarters of the block
+                mid, tail = row_pieces(self.problem.N, block_n, self.flags.get("ALIGN", 1))
+            else:  # several-row tiles hold a tail only when the config asks (HELD); one-row tiles also small ones
+                tail = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1), any_tail=bool(held))
             self.flags["TAIL"] = tail if held or meta.get("ROWS", 1) == 1 else 0
+            if "MID" in self.family.kernel.arg_names:
+                self.flags["MID"] = mid
         if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
             self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 
