@@ -267,10 +267,10 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     args = ["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16", "--out", str(tmp_path)]
     assert overhead.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [12, 12]
-    assert settles == [3.0, 0.0], "untimed rounds before the first shape only"
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 99.0 | 99.0 |",
-                    "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 99.0 | 99.0 |"]
+    assert rounds_of == [12, 2, 12, 2], "every dtype's six functions, then the patched steps, per shape"
+    assert settles == [3.0, 0.0, 0.0, 0.0], "untimed rounds before the first shape only"
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 0.0 | 99.0 | 99.0 |",
+                    "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 1.0 | 99.0 | 99.0 |"]
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
     assert all(row in summary for row in rows) and "NVIDIA H200" in summary
