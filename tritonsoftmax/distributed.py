@@ -26,6 +26,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import execute, layout
+from .device import interpreter_active
+
 __all__ = ["softmax", "log_softmax", "cross_entropy"]
 
 
@@ -69,9 +72,6 @@ def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, bac
     compute the passes (what our kernels do not take, a layout whose rows do not collapse, torch.compile). ``flags``
     take PDL 0: the second pass follows the combine and the collective, not the first pass, so it gains nothing
     from starting early."""
-    from . import execute, layout
-    from .device import interpreter_active
-
     if (torch.compiler.is_compiling() or a.dtype not in execute.KERNEL_DTYPES or out.dtype not in execute.KERNEL_DTYPES
             or a.numel() == 0 or (a.device.type == "cpu" and not interpreter_active())):
         return None
@@ -115,9 +115,9 @@ def _kernel_backward(dy, y, dim, group, scale, log):
     """The backward on the split family's kernels (dx in y's dtype), or None where they do not run."""
     if dy.dtype != y.dtype or dy.stride() != y.stride():
         dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+        if dy.stride() != y.stride():  # y is not dense: torch operators
+            return None
     dx = torch.empty_like(y)
-    if dy.stride() != y.stride():
-        return None
     launch = _split_launch(dy, dx, dim, {"LOG": int(log), "PDL": 0}, True)
     if launch is None:
         return None
