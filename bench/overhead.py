@@ -83,16 +83,22 @@ def busy_host() -> str:
         return "?"
 
 
+def grad_step(fn, x: torch.Tensor, dy: torch.Tensor):
+    """A training step's softmax: ``fn`` of a leaf copy of ``x`` and its input gradient for ``dy``
+    (``torch.autograd.grad``: no accumulation into ``.grad``)."""
+    xg = x.detach().requires_grad_()
+    return lambda: torch.autograd.grad(fn(xg), xg, dy)
+
+
 def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
     """What the host columns time, by column: forward calls without a gradient to record, then forward and
-    backward with one (``torch.autograd.grad``: no accumulation into ``.grad``)."""
+    backward with one (grad_step)."""
     import tritonsoftmax
 
     op = torch.ops.tritonsoftmax.softmax.default
-    xg = x.detach().requires_grad_()
 
     def step(fn):
-        return lambda: torch.autograd.grad(fn(xg), xg, dy)
+        return grad_step(fn, x, dy)
 
     return {
         "torch": lambda: torch.softmax(x, -1),
@@ -102,13 +108,6 @@ def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
         "ours fwd+bwd": step(tritonsoftmax.softmax),  # eager autograd: ops.SoftmaxFunction
         "ours fwd+bwd through the operator": step(lambda t: op(t, -1, None, "auto", 1.0, False, False)),
     }
-
-
-def patched_step(x: torch.Tensor, dy: torch.Tensor):
-    """torch.softmax's forward and backward as ``host_functions`` times them, to be called inside
-    ``tritonsoftmax.patch_torch()``: torch's own C++ autograd formula over our kernels."""
-    xg = x.detach().requires_grad_()
-    return lambda: torch.autograd.grad(torch.softmax(xg, -1), xg, dy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype = getattr(torch, dname)
             x, dy = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
             fns += host_functions(x, dy).values()
-            patched.append(patched_step(x, dy))
+            patched.append(grad_step(lambda t: torch.softmax(t, -1), x, dy))  # timed inside patch_torch()
         if settle:
             print(f"(untimed rounds for {settle:g} s first)", file=sys.stderr, flush=True)
         host = interleaved_host_us(fns, args.rounds, settle)

@@ -72,13 +72,19 @@ def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, bac
     compute the passes (what our kernels do not take, a layout whose rows do not collapse, torch.compile). ``flags``
     take PDL 0: the second pass follows the combine and the collective, not the first pass, so it gains nothing
     from starting early."""
-    if (torch.compiler.is_compiling() or a.dtype not in execute.KERNEL_DTYPES or out.dtype not in execute.KERNEL_DTYPES
-            or a.numel() == 0 or (a.device.type == "cpu" and not interpreter_active())):
+    if not _kernels_take(a, out.dtype):
         return None
     problem = layout.row_problem(a, out, dim)
     if problem is None:
         return None
     return execute.prepare_launch(problem, a, out, "split", flags, backward)
+
+
+def _kernels_take(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether our kernels run a pass over ``a`` writing ``out_dtype`` (else torch operators do)."""
+    return not (torch.compiler.is_compiling() or a.dtype not in execute.KERNEL_DTYPES
+                or out_dtype not in execute.KERNEL_DTYPES or a.numel() == 0
+                or (a.device.type == "cpu" and not interpreter_active()))
 
 
 def _row_pair(launch, a: torch.Tensor, out: torch.Tensor, extra: tuple, group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +108,8 @@ def _write_from_pair(launch, a: torch.Tensor, out: torch.Tensor, top: torch.Tens
 
 def _kernel_forward(x, dim, group, out_dtype, scale, log):
     """The forward on the split family's kernels, or None where they do not run (see _split_launch)."""
+    if not _kernels_take(x, out_dtype):  # before allocating an output the torch path would not use
+        return None
     y = torch.empty_like(x, dtype=out_dtype)
     launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0, "PDL": 0}, False)
     if launch is None:
@@ -113,6 +121,8 @@ def _kernel_forward(x, dim, group, out_dtype, scale, log):
 
 def _kernel_backward(dy, y, dim, group, scale, log):
     """The backward on the split family's kernels (dx in y's dtype), or None where they do not run."""
+    if not _kernels_take(y, y.dtype):
+        return None
     if dy.dtype != y.dtype or dy.stride() != y.stride():
         dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
         if dy.stride() != y.stride():  # y is not dense: torch operators

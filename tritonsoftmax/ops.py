@@ -109,8 +109,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         if not torch.is_grad_enabled():
-            (y,) = ctx.saved_tensors
-            return execute.backward(dy, y, *ctx.args), None, None, None, None, None, None
+            return _input_grad(ctx, dy, execute.backward)
         # recorded (create_graph=True): through the operator, whose autograd formula gives the double backward;
         # with a tensor of scales (which the operator's schema does not take) in torch operators
         if isinstance(ctx.args[2], torch.Tensor):
