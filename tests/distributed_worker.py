@@ -21,9 +21,10 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str)
     got, want = got.double(), want.double()
     same_nan = torch.isnan(got) == torch.isnan(want)
     assert bool(same_nan.all()), f"{what}: NaN where torch has none (or the other way)"
-    diff = torch.where(got == want, 0.0, (got - want).abs())[~torch.isnan(want)]  # equal infinities: no error
+    diff = torch.where(got == want, 0.0, (got - want).abs()).nan_to_num(0.0)  # equal infinities: no error
+    worst = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape)) if diff.numel() else ()
     assert diff.numel() == 0 or diff.max().item() <= tol * max(1.0, want[~torch.isnan(want)].abs().max().item()), \
-        f"{what}: max error {diff.max().item()}"
+        f"{what}: max error {diff.max().item()} at {worst}"
 
 
 def run(rank: int, world: int, init: str, widths: list[int], backend: str = "gloo",
@@ -36,8 +37,10 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    from tritonsoftmax.device import interpreter_active
     from tritonsoftmax.kernels import split
 
+    kernels = device.type == "cuda" or interpreter_active()  # else torch operators run every pass
     passes = []  # the split family's passes the distributed functions ran (our kernels, not torch operators)
     partials, write = split.SplitLaunch.partials, split.SplitLaunch.write
     split.SplitLaunch.partials = lambda self, *a: passes.append(("stats", self.words)) or partials(self, *a)
@@ -57,7 +60,7 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                 passes.clear()
                 y = fn(xl, -1, scale=0.5)
                 y.backward(dy[:, mine])
-                assert passes == [("stats", 2), ("write", 2), ("stats", 1), ("write", 1)], \
+                assert passes == ([("stats", 2), ("write", 2), ("stats", 1), ("write", 1)] if kernels else []), \
                     f"rank {rank}: the kernels' passes (forward, backward) ran as {passes}"
                 xw = x.double().requires_grad_()
                 yw = ref(xw * 0.5, -1)
@@ -83,7 +86,8 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                     passes.clear()
                     loss = tsd.cross_entropy(xl, target, reduction=reduction, label_smoothing=smoothing)
                     ((loss.float() * w).sum() if reduction == "none" else loss).backward()
-                    assert passes == [("stats", 2), ("write", 2)], f"rank {rank}: cross_entropy's passes: {passes}"
+                    assert passes == ([("stats", 2), ("write", 2)] if kernels else []), \
+                        f"rank {rank}: cross_entropy's passes: {passes}"
                     xw = xs.double().requires_grad_()
                     lw = F.cross_entropy(xw, target, reduction=reduction, label_smoothing=smoothing)
                     ((lw * w.double()).sum() if reduction == "none" else lw).backward()

@@ -31,11 +31,15 @@ def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_pa
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs a GPU and NCCL")
-def test_nccl_world_of_one_gpu_matches_torch(tmp_path):
-    """The same checks over NCCL on one GPU (world size 1: the whole row on the one rank), where no machine with
-    two GPUs is lent."""
+@pytest.mark.parametrize("widths", [[63], [37, 26]], ids=["world-of-one", "2-gpus"])
+def test_nccl_gpus_match_torch(tmp_path, widths):
+    """The same checks over NCCL, one rank a GPU (a world of one: the whole row on the one rank), inside
+    torch.compile with aot_eager and inductor."""
+    if torch.cuda.device_count() < len(widths):
+        pytest.skip(f"needs {len(widths)} GPUs, this machine has {torch.cuda.device_count()}")
     init = f"file://{tmp_path / 'store'}"
-    mp.spawn(distributed_worker.run, args=(1, init, [63], "nccl"), nprocs=1, join=True)
+    mp.spawn(distributed_worker.run, args=(len(widths), init, widths, "nccl", ("aot_eager", "inductor")),
+             nprocs=len(widths), join=True)
 
 
 def test_inputs_it_refuses():

@@ -71,6 +71,9 @@ def clear_caches() -> None:
 
     execute.forget_prepared()
     dispatch.clear_cache()
+    distributed = sys.modules.get("tritonsoftmax.distributed")
+    if distributed is not None:
+        distributed.forget_launches()
     coop = sys.modules.get("tritonsoftmax.kernels.coop")
     if coop is not None:
         exchange.release_scratch()

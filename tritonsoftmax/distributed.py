@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from . import execute, layout
 from .device import interpreter_active
+from .layout import ALIGN_BYTES
 
 __all__ = ["softmax", "log_softmax", "cross_entropy"]
 
@@ -74,10 +75,27 @@ def _split_launch(a: torch.Tensor, out: torch.Tensor, dim: int, flags: dict, bac
     from starting early."""
     if not _kernels_take(a, out.dtype):
         return None
+    # kept for later calls of the same signature (a launch takes its tensors at each call): preparing one costs
+    # more host time than a small slice's kernels take
+    key = (a.shape, a.stride(), out.stride(), a.dtype, out.dtype, a.device, dim, tuple(flags.items()), backward,
+           a.data_ptr() % ALIGN_BYTES == 0, out.data_ptr() % ALIGN_BYTES == 0)
+    if key in _launches:
+        return _launches[key]
     problem = layout.row_problem(a, out, dim)
-    if problem is None:
-        return None
-    return execute.prepare_launch(problem, a, out, "split", flags, backward)
+    launch = None if problem is None else execute.prepare_launch(problem, a, out, "split", flags, backward)
+    if len(_launches) >= _LAUNCHES_MAX:
+        _launches.clear()
+    _launches[key] = launch
+    return launch
+
+
+_LAUNCHES_MAX = 256
+_launches: dict[tuple, object] = {}
+
+
+def forget_launches() -> None:
+    """Forget the kept launches (``tritonsoftmax.clear_caches`` calls this once the module is loaded)."""
+    _launches.clear()
 
 
 def _kernels_take(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -258,13 +276,18 @@ class _CrossEntropy(torch.autograd.Function):
             _write_from_pair(launch, logits, dz, lse[:, None], (1.0 / g)[:, None], (1.0,))
             if smoothing:
                 dz -= (g * smoothing / vocab)[:, None]
+        elif torch.compiler.is_compiling():  # out of place: the graph's own buffers, no mutation to functionalise
+            dz = (torch.exp(logits.float() - lse[:, None]) - smoothing / vocab) * g[:, None]
         else:  # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
             dz.copy_(logits).sub_(lse[:, None]).exp_()
             dz -= smoothing / vocab
             dz *= g[:, None]
         if logits.shape[1]:  # - (1 - smoothing) * g at the target's column, where it is on this rank
             onehot = torch.where(local, g * -(1.0 - smoothing), torch.zeros_like(g))
-            dz.scatter_add_(1, column[:, None], onehot[:, None])
+            if torch.compiler.is_compiling():
+                dz = dz.scatter_add(1, column[:, None], onehot[:, None])
+            else:
+                dz.scatter_add_(1, column[:, None], onehot[:, None])
         return dz.to(logits.dtype), None, None, None, None, None
 
 
