@@ -53,9 +53,18 @@ def _combine(m: torch.Tensor, s: torch.Tensor, group) -> tuple[torch.Tensor, tor
 
 def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
     """Every rank's ``t`` (one shape on all ranks), stacked in rank order."""
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, t, group=group)
-    return torch.stack(parts)
+    world = dist.get_world_size(group)
+    if world == 1:  # a group of one has nothing to exchange
+        return t.unsqueeze(0)
+    out = t.new_empty((world * t.shape[0], *t.shape[1:]))  # the ranks' tensors back to back along dim 0
+    dist.all_gather_into_tensor(out, t, group=group)
+    return out.view(world, *t.shape)
+
+
+def _all_reduce(t: torch.Tensor, group) -> None:
+    """Sum ``t`` over the group's ranks, in place (nothing to do in a group of one)."""
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)
 
 
 def _shift(top: torch.Tensor) -> torch.Tensor:
@@ -152,7 +161,7 @@ def _kernel_backward(dy, y, dim, group, scale, log):
     s = 1.0 if scale is None else float(scale)
     parts = launch.partials(dy, dx, y, s).view(-1, launch.chunks_per_row)
     total = parts.sum(1)
-    dist.all_reduce(total, group=group)  # the one collective of the backward: a per-row sum over the whole row
+    _all_reduce(total, group)  # the one collective of the backward: a per-row sum over the whole row
     whole = torch.zeros_like(parts)
     whole[:, 0] = total
     launch.write(dy, dx, whole.view(-1), y, s)
@@ -186,7 +195,7 @@ class _Softmax(torch.autograd.Function):
         yf = y.float()
         # the one collective of the backward: a per-row sum over the whole row
         part = g.sum(ctx.dim, keepdim=True) if ctx.log else (g * yf).sum(ctx.dim, keepdim=True)
-        dist.all_reduce(part, group=ctx.group)
+        _all_reduce(part, ctx.group)
         dz = g - torch.exp(yf) * part if ctx.log else yf * (g - part)
         if ctx.scale is not None and ctx.scale != 1.0:
             dz = dz * float(ctx.scale)
@@ -247,7 +256,7 @@ class _CrossEntropy(torch.autograd.Function):
             picked = torch.where(local, logits.gather(1, column[:, None]).squeeze(1).float(), picked)
         row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
         sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
-        dist.all_reduce(sums, group=group)
+        _all_reduce(sums, group)
         loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
         count = valid.sum()
