@@ -234,7 +234,8 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
         width = logits.shape[1]
-        widths = _all_gather(torch.tensor([width], device=logits.device, dtype=torch.int64), group).flatten()
+        # the width as a fill on the device: torch.tensor would copy from host memory and wait for the stream
+        widths = _all_gather(torch.full((1,), width, device=logits.device, dtype=torch.int64), group).flatten()
         start, vocab = widths[:dist.get_rank(group)].sum(), widths.sum().float()
         # the statistics pass: the split family's first pass over the logits (it writes no output: the logits stand
         # in for it), else torch operators in fp32
