@@ -183,7 +183,7 @@ class _Softmax(torch.autograd.Function):
         else:
             y = torch.exp(z - _shift(top)) / total
         ctx.save_for_backward(y)
-        return y.to(out_dtype)
+        return y if y.dtype == out_dtype else y.to(out_dtype)  # see _CrossEntropy.forward's return
 
     @staticmethod
     def backward(ctx, dy):
@@ -263,10 +263,11 @@ class _CrossEntropy(torch.autograd.Function):
         count = valid.sum()
         ctx.save_for_backward(logits, lse, valid, count, local, column, vocab)
         ctx.smoothing, ctx.reduction = smoothing, reduction
-        if reduction == "none":
-            return loss.to(logits.dtype)
-        out = loss.sum()
-        return (out / count if reduction == "mean" else out).to(logits.dtype)
+        if reduction != "none":
+            loss = loss.sum() / count if reduction == "mean" else loss.sum()
+        # converted only where the dtype differs: under torch.compile (torch 2.11) a Function whose output is the
+        # no-op .to of an intermediate gets a backward traced with a zero gradient
+        return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -286,18 +287,13 @@ class _CrossEntropy(torch.autograd.Function):
             _write_from_pair(launch, logits, dz, lse[:, None], (1.0 / g)[:, None], (1.0,))
             if smoothing:
                 dz -= (g * smoothing / vocab)[:, None]
-        elif torch.compiler.is_compiling():  # out of place: the graph's own buffers, no mutation to functionalise
-            dz = (torch.exp(logits.float() - lse[:, None]) - smoothing / vocab) * g[:, None]
         else:  # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
             dz.copy_(logits).sub_(lse[:, None]).exp_()
             dz -= smoothing / vocab
             dz *= g[:, None]
         if logits.shape[1]:  # - (1 - smoothing) * g at the target's column, where it is on this rank
             onehot = torch.where(local, g * -(1.0 - smoothing), torch.zeros_like(g))
-            if torch.compiler.is_compiling():
-                dz = dz.scatter_add(1, column[:, None], onehot[:, None])
-            else:
-                dz.scatter_add_(1, column[:, None], onehot[:, None])
+            dz.scatter_add_(1, column[:, None], onehot[:, None])
         return dz.to(logits.dtype), None, None, None, None, None
 
 
