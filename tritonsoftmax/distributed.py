@@ -234,7 +234,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
         width = logits.shape[1]
-        # the width as a fill on the device: torch.tensor would copy from host memory and wait for the stream
+        # the width as a fill on the device (no copy from host memory)
         widths = _all_gather(torch.full((1,), width, device=logits.device, dtype=torch.int64), group).flatten()
         start, vocab = widths[:dist.get_rank(group)].sum(), widths.sum().float()
         # the statistics pass: the split family's first pass over the logits (it writes no output: the logits stand
