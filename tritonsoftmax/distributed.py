@@ -150,10 +150,9 @@ def _kernel_backward(dy, y, dim, group, scale, log):
     """The backward on the split family's kernels (dx in y's dtype), or None where they do not run."""
     if not _kernels_take(y, y.dtype):
         return None
-    if dy.dtype != y.dtype or dy.stride() != y.stride():
-        dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
-        if dy.stride() != y.stride():  # y is not dense: torch operators
-            return None
+    dy = execute.dy_in_layout(dy, y)
+    if dy.stride() != y.stride():  # y is not dense: torch operators
+        return None
     dx = torch.empty_like(y)
     launch = _split_launch(dy, dx, dim, {"LOG": int(log), "PDL": 0}, True)
     if launch is None:

@@ -72,6 +72,20 @@ def row_scales(view: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     return view.expand(rows).reshape(-1).to(torch.float32).contiguous()
 
 
+def kernel_scales(scale: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """A tensor of scales checked against ``x`` (scale_view) and in the kernels' form (row_scales)."""
+    dim %= x.dim()
+    return row_scales(scale_view(scale, x, dim), x, dim)
+
+
+def dy_in_layout(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``dy`` with ``y``'s dtype and strides (a copy where it differs): the backward kernels read dy and y with
+    one set of strides. A non-dense ``y`` may still give other strides; callers check."""
+    if dy.dtype != y.dtype or dy.stride() != y.stride():
+        return torch.empty_like(y).copy_(dy)
+    return dy
+
+
 def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """Apply torch's dtype rules: complex never; integer/bool only with a floating ``dtype``."""
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -115,8 +129,7 @@ def forward(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, sca
         y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)  # no dtype: cheaper
         try:
             if per_row:  # the scales checked again (their values may now ask for a gradient) and laid out one a row
-                d = dim % x.dim()
-                prepared(x, y, row_scales(scale_view(scale, x, d), x, d))
+                prepared(x, y, kernel_scales(scale, x, dim))
             else:
                 start(x, y, 1.0 if scale is None else check_scale(scale))
         except RuntimeError:  # a torch.func wrapper (vmap) has no storage: its data_ptr raises before any launch
@@ -238,15 +251,14 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
             hit = _prepared.get(key + _scale_signature(scale) if per_row else key)
         except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
             hit = None
-        if hit is not None and (dy.dtype != y.dtype or dy.stride() != stride):
-            dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+        if hit is not None:
+            dy = dy_in_layout(dy, y)
         if hit is not None and dy.stride() == stride:
             # a warm call: the signature of an earlier one that ran our kernels on these strides
             dx = torch.empty_like(y)
             try:
                 if per_row:  # the scales laid out one a row (checked again: their values may now want a gradient)
-                    d = dim % y.dim()
-                    hit[2](dy, dx, y, row_scales(scale_view(scale, y, d), y, d))
+                    hit[2](dy, dx, y, kernel_scales(scale, y, dim))
                 else:
                     hit[0](dy, dx, y, scale)
             except RuntimeError:  # a torch.func wrapper has no storage: its data_ptr raises before any launch
@@ -265,13 +277,12 @@ def _backward_cold(dy, y, dim, impl, scale, log, input_dtype) -> torch.Tensor:
     if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
             or (y.device.type == "cpu" and not interpreter_active()) or functorch_active()):
         return backward_torch(dy, y, dim, scale_view(scale, y, dim) if per_row else scale, log, input_dtype)
-    if dy.dtype != y.dtype or dy.stride() != y.stride():
-        dy = torch.empty_like(y).copy_(dy)  # the kernels read dy and y with one set of strides
+    dy = dy_in_layout(dy, y)
     dx = torch.empty_like(y)
     remember = key if y.device.type != "cpu" else None  # the interpreter reads the environment on every call
     if per_row:  # the kernels' ROW_SCALE form
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log), "ROW_SCALE": 1}, True,
-                     row_scales(scale_view(scale, y, dim), y, dim), remember + _scale_signature(scale)
+                     kernel_scales(scale, y, dim), remember + _scale_signature(scale)
                      if remember else None, y.dtype)
     else:
         _launch_rows(dy, dx, (y,), dim, impl, {"LOG": int(log)}, True, float(scale), remember, y.dtype)
