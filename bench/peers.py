@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonsoftmax.kernels.triton_launcher import COMPILE_OPTIONS
+
 OURS = ("auto", "fused", "tile", "online", "split", "coop", "smem")
 REFERENCE = ("copy",)  # the same bytes moved by a copy: the bandwidth ceiling, not a peer
 BASELINE = ("previous",)  # auto of an earlier version of this package (bench.baseline): asked for by name only
@@ -111,14 +113,14 @@ def _tutorial(x: torch.Tensor) -> Callable[[], torch.Tensor]:
         props = driver.active.utils.get_device_properties(x.device.index or 0)
         stages = 4 if props["max_shared_mem"] > TUTORIAL_STAGES_SMEM else 2
         compiled = _tutorial_softmax_kernel.warmup(x, y, x.stride(0), y.stride(0), M, N, BLOCK=block, STAGES=stages,
-                                                   num_warps=TUTORIAL_WARPS, grid=(1,))
+                                                   num_warps=TUTORIAL_WARPS, grid=(1,), **COMPILE_OPTIONS)
         compiled._init_handles()
         programs = tutorial_programs(M, compiled.n_regs, compiled.metadata.shared, props)
 
     def run():
         out = torch.empty_like(x)
         _tutorial_softmax_kernel[(programs,)](x, out, x.stride(0), out.stride(0), M, N, BLOCK=block, STAGES=stages,
-                                              num_warps=TUTORIAL_WARPS)
+                                              num_warps=TUTORIAL_WARPS, **COMPILE_OPTIONS)
         return out
 
     return run

@@ -18,6 +18,7 @@ from tritonsoftmax import dispatch
 from tritonsoftmax.config import LaunchConfig
 from tritonsoftmax.device import device_info
 from tritonsoftmax.kernels import coop, stagger
+from tritonsoftmax.kernels.triton_launcher import COMPILE_OPTIONS
 from tritonsoftmax.layout import matrix_problem
 
 H200 = sm90_launch_modes().stagger  # the H200's measured stagger bounds (its policy's launch_modes)
@@ -83,7 +84,7 @@ def test_row_group_splits_the_rows_in_order_into_groups_of_cdiv_rows(groups):
 
     for M in (1, 2, 5, 8, 20, 30):
         out = torch.full((M,), -1, dtype=torch.int32, device=DEVICE)
-        rows_kernel[(M,)](out, M, groups)
+        rows_kernel[(M,)](out, M, groups, **COMPILE_OPTIONS)
         per = -(-M // groups)
         assert out.tolist() == [r // per for r in range(M)], M
         assert max(out.tolist()) < groups

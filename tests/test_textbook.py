@@ -8,6 +8,7 @@ from softmax_ref import poisoned_like, random_input
 
 from bench import peers
 from bench.textbook import FUSED_MAX_N, KERNELS, TEXTBOOK_TILE, textbook
+from tritonsoftmax.kernels.triton_launcher import COMPILE_OPTIONS
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 LENGTHS = (1, 37, TEXTBOOK_TILE, TEXTBOOK_TILE + 1, 3 * TEXTBOOK_TILE - 5)
@@ -22,7 +23,7 @@ def test_textbook_kernels_write_every_element_of_torchs_softmax(kind, n, dtype):
         x[1, n // 2:] = float("-inf")  # a row whose second half is -inf: a lane of online's that never sees a value
     y = poisoned_like(x)
     size = {"BLOCK": max(1, 1 << (n - 1).bit_length())} if kind == "fused" else {"TILE": TEXTBOOK_TILE}
-    KERNELS[kind][(3,)](x, y, x.stride(0), y.stride(0), n, **size)
+    KERNELS[kind][(3,)](x, y, x.stride(0), y.stride(0), n, **size, **COMPILE_OPTIONS)
     ref = torch.softmax(x.double(), -1)
     assert not torch.isnan(y).any(), "an element was left unwritten"
     assert (y.double() - ref).abs().max().item() <= TOL[dtype]
