@@ -8,6 +8,7 @@ quack-kernels``), or those in a folder named by ``TRITONSOFTMAX_PEERS_SITE`` (or
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import sys
@@ -50,6 +51,15 @@ def previous_package():
     import tritonsoftmax_base
 
     return tritonsoftmax_base
+
+
+def _previous_backward(base):
+    """The earlier package's backward without autograd, ``backward(dy, y, dim, impl, scale, log, input_dtype)``:
+    in its ``execute`` module, or in ``api`` where it predates that module."""
+    try:
+        return importlib.import_module(f"{base.__name__}.execute").backward
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{base.__name__}.api").backward
 
 
 def add_peers_site(path: str | None = None) -> None:
@@ -219,8 +229,8 @@ def prepare_backward(name: str, x: torch.Tensor, y: torch.Tensor, dy: torch.Tens
             raise Unavailable("fused holds the whole row on chip (N > 65536)")
         return lambda: execute.backward(dy, y, -1, name, 1.0, False, x.dtype)
     if name == "previous":
-        base = previous_package()
-        return lambda: base.execute.backward(dy, y, -1, "auto", 1.0, False, x.dtype)
+        backward = _previous_backward(previous_package())
+        return lambda: backward(dy, y, -1, "auto", 1.0, False, x.dtype)
     if name == "copy":  # the same bytes: read two tensors, write one
         out = torch.empty_like(x)
         return lambda: torch.add(dy, y, out=out)

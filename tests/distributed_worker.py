@@ -42,8 +42,10 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
 
     kernels = device.type == "cuda" or interpreter_active()  # else torch operators run every pass
     passes = []  # the split family's passes the distributed functions ran (our kernels, not torch operators)
+    chunks = []  # the chunks a row of this rank's slice was cut into by each stats pass
     partials, write = split.SplitLaunch.partials, split.SplitLaunch.write
-    split.SplitLaunch.partials = lambda self, *a: passes.append(("stats", self.words)) or partials(self, *a)
+    split.SplitLaunch.partials = lambda self, *a: chunks.append(self.chunks_per_row) or passes.append(
+        ("stats", self.words)) or partials(self, *a)
     split.SplitLaunch.write = lambda self, *a: passes.append(("write", self.words)) or write(self, *a)
     try:
         mine = _slices(widths)[rank]
@@ -94,6 +96,8 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                     what = f"rank {rank} {dtype} cross_entropy {reduction} {smoothing}"
                     _close(loss, lw, dtype, what)
                     _close(xl.grad, xw.grad[:, mine], dtype, what + " gradient")
+        if kernels and min(widths) >= 4000:  # slices this wide run in several chunks a row
+            assert min(chunks) > 1, f"rank {rank}: chunks a row {sorted(set(chunks))}"
         if device.type == "cpu":  # on a GPU the check is a device-side assert, which ends the process (as torch's)
             bad = torch.full((6,), sum(widths), dtype=torch.int64)  # one past the vocabulary
             try:

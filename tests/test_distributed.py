@@ -20,11 +20,12 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 @needs_gloo
 @pytest.mark.parametrize("widths,compilers", [([37, 26], ("aot_eager", "inductor")), ([20, 1, 29], ("aot_eager",)),
-                                              ([63], ("aot_eager",))],
-                         ids=["2-ranks", "3-ranks-one-of-width-1", "world-of-one"])
+                                              ([63], ("aot_eager",)), ([5000, 4000], ())],
+                         ids=["2-ranks", "3-ranks-one-of-width-1", "world-of-one", "2-ranks-chunked"])
 def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_path, widths, compilers):
     """Every check of distributed_worker.run on each rank; inside torch.compile (one graph) with aot_eager, and with
-    inductor's generated code on two ranks."""
+    inductor's generated code on two ranks. Slices of thousands of columns: the split passes cut a row into several
+    chunks on each rank, which the small kernels around the collective combine."""
     init = f"file://{tmp_path / 'store'}"
     mp.spawn(distributed_worker.run, args=(len(widths), init, widths, "gloo", compilers), nprocs=len(widths),
              join=True)

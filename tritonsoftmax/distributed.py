@@ -10,12 +10,16 @@ combined on every rank: the same combine the split family does between its chunk
 backward needs one all-reduce of a per-row sum. Slices may differ in width (a slice of width 0 is fine).
 
 softmax and log_softmax run the split family's two kernels where our kernels take the slice (fp32/fp16/bf16 on a
-GPU, or on the CPU under the Triton interpreter): its first pass writes each chunk's (max, sum) partial, those are
-combined per row here and across ranks by the collective, and its second pass writes the slice from the whole
-row's pair (given as the row's first partial, the others empty); the backward likewise with its partial sums.
-cross_entropy runs the same first pass for its log-sum-exp, and its gradient g * (softmax - smoothing / V - (1 -
-smoothing) * onehot) as the second pass writing g * softmax (the row's pair given as (lse, 1 / g)) in fp32, then the
-smoothing and the target's column in place. Elsewhere (float64, CPU tensors without the interpreter, inside
+GPU, or on the CPU under the Triton interpreter): its first pass writes each chunk's (max, sum) partial, one small
+kernel combines a row's chunks into this rank's table, the collective gathers the ranks' tables, another small
+kernel combines them into the whole row's pair, and the second pass writes the slice from it (given as the row's
+first partial, the others empty); the backward likewise with its partial sums. cross_entropy runs the same first
+pass; its table also carries the target's logit (where the target is in this slice) and the row sum, so the one
+all-gather brings everything the loss needs, and one kernel gives each row's log-sum-exp and loss. Its gradient g *
+(softmax - smoothing / V - (1 - smoothing) * onehot) is the second pass writing g * softmax (the row's pair given as
+(lse, 1 / g), from one small kernel) in fp32, then the smoothing and the target's column in place. The small
+kernels (kernels/vocab_parallel.py) each stand for a dozen torch operators: at small slices the host's time per
+operator, not the GPU, sets the pace. Elsewhere (float64, CPU tensors without the interpreter, inside
 ``torch.compile``) the passes are torch operators, fp32 math. The collectives are ``torch.distributed``'s, on whatever
 backend the group runs (NCCL, RCCL, gloo). Under ``torch.compile`` each function is one graph, collectives
 included (tested with aot_eager and inductor over gloo); CUDA graphs are not checked yet.
@@ -114,23 +118,17 @@ def _kernels_take(a: torch.Tensor, out_dtype: torch.dtype) -> bool:
                 or (a.device.type == "cpu" and not interpreter_active()))
 
 
-def _row_pair(launch, a: torch.Tensor, out: torch.Tensor, extra: tuple, group) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole row's (max, sum of exp(z - max)), shape (rows, 1), from ``launch``'s first pass over this rank's
-    slice: the slice's chunks combined here, the ranks' pairs by the one all-gather."""
-    pairs = launch.partials(a, out, *extra).view(-1, launch.chunks_per_row, 2)
-    m, part = pairs[..., 0], pairs[..., 1]
-    local = m.amax(1, keepdim=True)
-    return _combine(local, (part * torch.exp(m - _shift(local))).sum(1, keepdim=True), group)
+def _gathered_stats(launch, a: torch.Tensor, out: torch.Tensor, extra: tuple, group,
+                    pick: tuple | None = None) -> torch.Tensor:
+    """Every rank's per-row statistics table (world, K, M) (kernels/vocab_parallel.py: (max, sum), and with
+    ``pick`` cross-entropy's target logit and row sum) from ``launch``'s first pass over this rank's slice: the
+    slice's chunks combined by one small kernel, the ranks' tables by the one all-gather."""
+    from .kernels import vocab_parallel
 
-
-def _write_from_pair(launch, a: torch.Tensor, out: torch.Tensor, top: torch.Tensor, total: torch.Tensor,
-                     extra: tuple) -> None:
-    """``launch``'s second pass over the slice given the whole row's pair (top, total), shape (rows, 1): the pair is
-    each row's first partial, the others empty (max -inf, sum 0), so the kernel's combine returns it as it is."""
-    whole = torch.zeros(top.shape[0], launch.chunks_per_row, 2, device=top.device, dtype=torch.float32)
-    whole[..., 0] = float("-inf")
-    whole[:, :1, 0], whole[:, :1, 1] = top, total
-    launch.write(a, out, whole.view(-1), *extra)
+    M = launch.problem.M
+    parts = launch.partials(a, out, *extra)
+    table = torch.empty(2 if pick is None else 4, M, device=a.device, dtype=torch.float32)
+    return _all_gather(vocab_parallel.local_stats(parts, M, launch.chunks_per_row, table, pick), group)
 
 
 def _kernel_forward(x, dim, group, out_dtype, scale, log):
@@ -141,8 +139,11 @@ def _kernel_forward(x, dim, group, out_dtype, scale, log):
     launch = _split_launch(x, y, dim, {"LOG": int(log), "ZERO_MASKED": 0, "PDL": 0}, False)
     if launch is None:
         return None
+    from .kernels import vocab_parallel
+
     extra = (1.0 if scale is None else float(scale),)
-    _write_from_pair(launch, x, y, *_row_pair(launch, x, y, extra, group), extra)
+    gathered = _gathered_stats(launch, x, y, extra, group)
+    launch.write(x, y, vocab_parallel.whole_pairs(gathered, launch.problem.M, launch.chunks_per_row), *extra)
     return y
 
 
@@ -227,41 +228,25 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, group=None, dtype: torch.dtyp
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """Where this rank's slice starts and the vocabulary's size stay tensors, and the target's column is picked with
-    a gather and corrected with a scatter under a mask (no data-dependent shapes): torch.compile captures it whole."""
+    """Where this rank's slice starts and the vocabulary's size stay tensors (the ranks' widths, all-gathered), and
+    the target's column is picked under a mask (no data-dependent shapes): torch.compile captures it whole."""
 
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, reduction, smoothing):
-        width = logits.shape[1]
         # the width as a fill on the device (no copy from host memory)
-        widths = _all_gather(torch.full((1,), width, device=logits.device, dtype=torch.int64), group).flatten()
-        start, vocab = widths[:dist.get_rank(group)].sum(), widths.sum().float()
+        widths = _all_gather(torch.full((1,), logits.shape[1], device=logits.device, dtype=torch.int64),
+                             group).flatten()
+        rank = dist.get_rank(group)
         # the statistics pass: the split family's first pass over the logits (it writes no output: the logits stand
-        # in for it), else torch operators in fp32
+        # in for it), then small kernels around the one all-gather; else torch operators in fp32
         launch = _split_launch(logits, logits, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
-        if launch is not None:
-            top, total = _row_pair(launch, logits, logits, (1.0,), group)
-        else:
-            top, total = _combine(*_stats(logits.float(), 1), group)
-        lse = (_shift(top) + torch.log(total)).squeeze(1)
-        valid = target != ignore_index
+        run = _ce_forward_torch if launch is None else _ce_forward_kernels
+        lse, loss, count, outside = run(launch, logits, target, widths, rank, group, ignore_index, smoothing)
         # a target outside the vocabulary would pick no logit on any rank: an error, as in F.cross_entropy (checked
         # on the device, without a host synchronisation)
-        torch._assert_async((~valid | ((target >= 0) & (target < widths.sum()))).all(),
-                            "cross_entropy: a target is outside the vocabulary (and is not ignore_index)")
-        local = valid & (target >= start) & (target < start + width)  # the target's column is on this rank
-        column = (target - start).clamp(0, max(width - 1, 0))
-        picked = torch.zeros_like(lse)
-        if width:
-            picked = torch.where(local, logits.gather(1, column[:, None]).squeeze(1).float(), picked)
-        row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
-        sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
-        _all_reduce(sums, group)
-        loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab)
-        loss = torch.where(valid, loss, torch.zeros_like(loss))
-        count = valid.sum()
-        ctx.save_for_backward(logits, lse, valid, count, local, column, vocab)
-        ctx.smoothing, ctx.reduction = smoothing, reduction
+        torch._assert_async(outside == 0, "cross_entropy: a target is outside the vocabulary (and is not ignore_index)")
+        ctx.save_for_backward(logits, target, lse, count, widths)
+        ctx.rank, ctx.ignore_index, ctx.smoothing, ctx.reduction = rank, ignore_index, smoothing, reduction
         if reduction != "none":
             loss = loss.sum() / count if reduction == "mean" else loss.sum()
         # converted only where the dtype differs: under torch.compile (torch 2.11) a Function whose output is the
@@ -270,30 +255,79 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        logits, lse, valid, count, local, column, vocab = ctx.saved_tensors
-        smoothing = ctx.smoothing
-        g = grad.float()
-        if ctx.reduction == "mean":
-            g = (g / count).expand(lse.shape)
-        elif ctx.reduction == "sum":
-            g = g.expand(lse.shape)
-        g = torch.where(valid, g, torch.zeros_like(g))
+        logits, target, lse, count, widths = ctx.saved_tensors
         dz = torch.empty_like(logits, dtype=torch.float32)
         launch = _split_launch(logits, dz, 1, {"LOG": 0, "ZERO_MASKED": 0, "PDL": 0}, False)
-        if launch is not None:
-            # g * softmax in the split family's write pass: the row's pair given as (lse, 1 / g), so that
-            # exp(z - lse) / (1 / g) = g * p (a row of g = 0 gets 1 / 0 = inf, and 0)
-            _write_from_pair(launch, logits, dz, lse[:, None], (1.0 / g)[:, None], (1.0,))
-            if smoothing:
-                dz -= (g * smoothing / vocab)[:, None]
-        else:  # the softmax in torch operators, in the one fp32 copy of the logits that becomes the gradient
-            dz.copy_(logits).sub_(lse[:, None]).exp_()
-            dz -= smoothing / vocab
-            dz *= g[:, None]
-        if logits.shape[1]:  # - (1 - smoothing) * g at the target's column, where it is on this rank
-            onehot = torch.where(local, g * -(1.0 - smoothing), torch.zeros_like(g))
-            dz.scatter_add_(1, column[:, None], onehot[:, None])
+        run = _ce_backward_torch if launch is None else _ce_backward_kernels
+        run(launch, grad, dz, logits, target, lse, count if ctx.reduction == "mean" else None, widths, ctx.rank,
+            ctx.ignore_index, ctx.smoothing)
         return dz.to(logits.dtype), None, None, None, None, None
+
+
+def _ce_forward_kernels(launch, logits, target, widths, rank, group, ignore_index, smoothing) -> tuple:
+    """(lse, loss a row, rows counted, targets outside the vocabulary) on our kernels: the split stats pass, one
+    kernel for this slice's table (with the target's logit where it is here), the one all-gather, one kernel for
+    the rows' lse and loss."""
+    from .kernels import vocab_parallel
+
+    row_sums = logits.sum(1, dtype=torch.float32) if smoothing else None
+    gathered = _gathered_stats(launch, logits, logits, (1.0,), group,
+                               (logits, target, widths, rank, ignore_index, row_sums))
+    lse, loss, sums = vocab_parallel.ce_finish(gathered, target, widths, ignore_index, smoothing)
+    return lse, loss, sums[1], sums[2]
+
+
+def _ce_forward_torch(launch, logits, target, widths, rank, group, ignore_index, smoothing) -> tuple:
+    """_ce_forward_kernels's results in torch operators, fp32: two collectives (the pairs, then the target's logit
+    and the row sum)."""
+    width = logits.shape[1]
+    start, vocab = widths[:rank].sum(), widths.sum()
+    top, total = _combine(*_stats(logits.float(), 1), group)
+    lse = (_shift(top) + torch.log(total)).squeeze(1)
+    valid = target != ignore_index
+    local = valid & (target >= start) & (target < start + width)  # the target's column is on this rank
+    picked = torch.zeros_like(lse)
+    if width:
+        column = (target - start).clamp(0, width - 1)
+        picked = torch.where(local, logits.gather(1, column[:, None]).squeeze(1).float(), picked)
+    row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
+    sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
+    _all_reduce(sums, group)
+    loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab.float())
+    loss = torch.where(valid, loss, torch.zeros_like(loss))
+    outside = (valid & ((target < 0) | (target >= vocab))).sum()
+    return lse, loss, valid.sum().float(), outside
+
+
+def _ce_backward_kernels(launch, grad, dz, logits, target, lse, count, widths, rank, ignore_index, smoothing) -> None:
+    """g * (softmax - smoothing / V - (1 - smoothing) * onehot) into ``dz`` (float32) on our kernels: one kernel for
+    the rows' weights g and the write pass's workspace, the split write pass giving g * softmax (the row's pair
+    given as (lse, 1 / g)), then the target's column."""
+    from .kernels import vocab_parallel
+
+    ws, g = vocab_parallel.ce_grad_pairs(grad, count, lse, target, ignore_index, launch.chunks_per_row)
+    launch.write(logits, dz, ws, 1.0)
+    if smoothing:
+        dz -= (g * smoothing / widths.sum())[:, None]
+    vocab_parallel.ce_target(dz, g, target, widths, rank, ignore_index, -(1.0 - smoothing))
+
+
+def _ce_backward_torch(launch, grad, dz, logits, target, lse, count, widths, rank, ignore_index, smoothing) -> None:
+    """_ce_backward_kernels's gradient in torch operators: the softmax in the one fp32 copy of the logits."""
+    width = logits.shape[1]
+    start = widths[:rank].sum()
+    valid = target != ignore_index
+    g = grad.float()
+    g = (g / count if count is not None else g).expand(lse.shape)
+    g = torch.where(valid, g, torch.zeros_like(g))
+    dz.copy_(logits).sub_(lse[:, None]).exp_()
+    dz -= smoothing / widths.sum()
+    dz *= g[:, None]
+    if width:  # - (1 - smoothing) * g at the target's column, where it is on this rank
+        local = valid & (target >= start) & (target < start + width)
+        column = (target - start).clamp(0, width - 1)
+        onehot = torch.where(local, g * -(1.0 - smoothing), torch.zeros_like(g))
+        dz.scatter_add_(1, column[:, None], onehot[:, None])
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, group=None, ignore_index: int = -100,
