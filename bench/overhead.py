@@ -6,7 +6,8 @@ Host time: wall clock over many back-to-back calls with no synchronisation insid
 (for tiny inputs this is the CPU cost of one call, the GPU being faster), for torch.softmax,
 our plain eager call and the same computation through the ``tritonsoftmax::softmax`` operator
 (the path torch.compile takes), then a forward and backward with a gradient to record (torch's,
-ours through eager autograd, ours through the operators): the median of ``--rounds`` rounds, each timing every
+ours through eager autograd, ours through the operators, and an autograd.Function that launches nothing: the
+floor of a Python autograd step): the median of ``--rounds`` rounds, each timing every
 function once, in an order reversed every other round (a process's host speed drifts by a few
 microseconds; interleaving puts the drift on every function alike). Before the first shape's timed rounds, untimed
 rounds run for ``--settle`` seconds: a process started while the host is still busy (say, straight after a parallel
@@ -90,6 +91,24 @@ def grad_step(fn, x: torch.Tensor, dy: torch.Tensor):
     return lambda: torch.autograd.grad(fn(xg), xg, dy)
 
 
+class EmptyFunction(torch.autograd.Function):
+    """A ``torch.autograd.Function`` with the shape of ours (the input, six arguments, the output saved) whose
+    forward and backward only allocate their result: the host time of the autograd machinery alone, the floor of
+    any drop-in whose forward and backward are Python."""
+
+    @staticmethod
+    def forward(ctx, x, dim, dtype, impl, scale, log, zero_masked):
+        y = torch.empty_like(x)
+        ctx.save_for_backward(y)
+        ctx.args = (dim, impl, scale, log, x.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return (torch.empty_like(y),) + (None,) * 6
+
+
 def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
     """What the host columns time, by column: forward calls without a gradient to record, then forward and
     backward with one (grad_step)."""
@@ -107,6 +126,8 @@ def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
         "torch fwd+bwd": step(lambda t: torch.softmax(t, -1)),
         "ours fwd+bwd": step(tritonsoftmax.softmax),  # eager autograd: ops.SoftmaxFunction
         "ours fwd+bwd through the operator": step(lambda t: op(t, -1, None, "auto", 1.0, False, False)),
+        "empty autograd.Function fwd+bwd": step(lambda t: EmptyFunction.apply(t, -1, None, "auto", 1.0, False,
+                                                                              False)),
     }
 
 
@@ -165,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
              f"2000 back-to-back calls, median of {args.rounds} interleaved rounds (one process). GPU µs: the same "
              "call captured in a CUDA graph and replayed (no host work). `fwd+bwd`: `torch.autograd.grad` of the "
              "forward with a gradient to record; `through the operator`: the `tritonsoftmax::softmax` operator that "
-             "`torch.compile` calls; `ours`: the plain eager call; `inside patch_torch()`: torch.softmax's forward "
+             "`torch.compile` calls; `ours`: the plain eager call; `empty autograd.Function`: a Function "
+             "shaped like ours that only allocates (no kernel), the autograd machinery's own host time; "
+             "`inside patch_torch()`: torch.softmax's forward "
              "and backward with our kernels as aten's (torch's own C++ autograd node), timed in its own rounds right "
              "after the others.", "",
              f"Host load (1-minute load average / CPU cores) at the start {load_start} and at the end {busy_host()}: "
