@@ -40,7 +40,8 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
     from tritonsoftmax.device import interpreter_active
     from tritonsoftmax.kernels import split
 
-    kernels = device.type == "cuda" or interpreter_active()  # else torch operators run every pass
+    # else torch operators run every pass (as they do for a slice of width 0, while the other ranks run the kernels)
+    kernels = (device.type == "cuda" or interpreter_active()) and widths[rank] > 0
     passes = []  # the split family's passes the distributed functions ran (our kernels, not torch operators)
     chunks = []  # the chunks a row of this rank's slice was cut into by each stats pass
     partials, write = split.SplitLaunch.partials, split.SplitLaunch.write

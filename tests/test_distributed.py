@@ -1,5 +1,5 @@
-"""tritonsoftmax.distributed on the CPU: 2 and 3 processes over gloo, uneven slices (one of width 1), a row all -inf
-on one rank only and one on every rank, ignore_index, label smoothing, fp32 and fp16, forward and backward, every
+"""tritonsoftmax.distributed on the CPU: 1, 2 and 4 processes over gloo, uneven slices (of width 1 and 0), a row all
+-inf on one rank only and one on every rank, ignore_index, label smoothing, fp32 and fp16, forward and backward, every
 element of every rank's slice against torch on the whole tensor."""
 
 import os
@@ -19,9 +19,9 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 @needs_gloo
-@pytest.mark.parametrize("widths,compilers", [([37, 26], ("aot_eager", "inductor")), ([20, 1, 29], ("aot_eager",)),
+@pytest.mark.parametrize("widths,compilers", [([37, 26], ("aot_eager", "inductor")), ([20, 1, 0, 29], ("aot_eager",)),
                                               ([63], ("aot_eager",)), ([5000, 4000], ())],
-                         ids=["2-ranks", "3-ranks-one-of-width-1", "world-of-one", "2-ranks-chunked"])
+                         ids=["2-ranks", "4-ranks-widths-1-and-0", "world-of-one", "2-ranks-chunked"])
 def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_path, widths, compilers):
     """Every check of distributed_worker.run on each rank; inside torch.compile (one graph) with aot_eager, and with
     inductor's generated code on two ranks. Slices of thousands of columns: the split passes cut a row into several

@@ -278,22 +278,24 @@ def _ce_forward_kernels(launch, logits, target, widths, rank, group, ignore_inde
 
 
 def _ce_forward_torch(launch, logits, target, widths, rank, group, ignore_index, smoothing) -> tuple:
-    """_ce_forward_kernels's results in torch operators, fp32: two collectives (the pairs, then the target's logit
-    and the row sum)."""
+    """_ce_forward_kernels's results in torch operators, fp32, with the same one all-gather of the same (4, rows)
+    table (a rank whose slice is empty runs here while the others run the kernels: the collectives must match)."""
     width = logits.shape[1]
     start, vocab = widths[:rank].sum(), widths.sum()
-    top, total = _combine(*_stats(logits.float(), 1), group)
-    lse = (_shift(top) + torch.log(total)).squeeze(1)
+    m, s = _stats(logits.float(), 1)
     valid = target != ignore_index
-    local = valid & (target >= start) & (target < start + width)  # the target's column is on this rank
-    picked = torch.zeros_like(lse)
-    if width:
+    picked = torch.zeros_like(m.squeeze(1))
+    if width:  # the target's logit, where its column is on this rank
+        local = valid & (target >= start) & (target < start + width)
         column = (target - start).clamp(0, width - 1)
         picked = torch.where(local, logits.gather(1, column[:, None]).squeeze(1).float(), picked)
-    row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(lse)
-    sums = torch.stack([picked, row_sum])  # the target's logit (on its rank) and the row's sum, over the row
-    _all_reduce(sums, group)
-    loss = (1.0 - smoothing) * (lse - sums[0]) + smoothing * (lse - sums[1] / vocab.float())
+    row_sum = logits.sum(1, dtype=torch.float32) if smoothing else torch.zeros_like(picked)
+    gathered = _all_gather(torch.stack([m.squeeze(1), s.squeeze(1), picked, row_sum]), group)
+    ms, ss = gathered[:, 0], gathered[:, 1]
+    top = ms.amax(0)
+    lse = _shift(top) + torch.log((ss * torch.exp(ms - _shift(top))).sum(0))
+    picked, row_sum = gathered[:, 2].sum(0), gathered[:, 3].sum(0)
+    loss = (1.0 - smoothing) * (lse - picked) + smoothing * (lse - row_sum / vocab.float())
     loss = torch.where(valid, loss, torch.zeros_like(loss))
     outside = (valid & ((target < 0) | (target >= vocab))).sum()
     return lse, loss, valid.sum().float(), outside
