@@ -114,7 +114,8 @@ def _ce_finish_kernel(g_ptr, target_ptr, widths_ptr, lse_ptr, loss_ptr, blocks_p
     row_sum = tl.sum(tl.load(at + 3 * M, mask=mask, other=0.0), 1)
     top = tl.max(m, 1)
     shift = _shift(top)
-    lse = shift + tl.log(tl.sum(s * tl.exp(m - shift[:, None]), 1))
+    total = tl.sum(s * tl.exp(m - shift[:, None]), 1)
+    lse = shift + tl.log(tl.where(in_rows, total, 1.0))  # rows past M: no log of 0
     vocab = tl.sum(tl.load(widths_ptr + ranks, mask=ranks < world, other=0), 0)
     t = tl.load(target_ptr + rows.to(tl.int64) * stride_t, mask=in_rows, other=ignore_index)
     valid = in_rows & (t != ignore_index)
@@ -152,7 +153,9 @@ def _ce_grad_pairs_kernel(grad_ptr, count_ptr, lse_ptr, target_ptr, ws_ptr, g_pt
     out = ws_ptr + (rows[:, None] * C + cols[None, :]) * 2
     keep = in_rows[:, None] & (cols[None, :] < C)
     tl.store(out, tl.where(first, lse[:, None], float("-inf")), mask=keep)
-    tl.store(out + 1, tl.where(first, 1.0 / g[:, None], 0.0), mask=keep)
+    zero = g == 0.0
+    inv = tl.where(zero, float("inf"), 1.0 / tl.where(zero, 1.0, g))  # 1 / 0 = inf without dividing by 0
+    tl.store(out + 1, tl.where(first, inv[:, None], 0.0), mask=keep)
 
 
 @triton.jit
