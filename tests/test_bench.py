@@ -244,8 +244,8 @@ def test_overhead_settle_rounds_are_not_counted(monkeypatch):
 
 def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_path):
     """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that the process's
-    drift in host speed falls on all alike), each dtype's row reports its own six host times, and summary.md starts
-    with the command and holds the table."""
+    drift in host speed falls on all alike), each dtype's row reports its own seven host times (the last: an
+    autograd.Function that launches nothing), and summary.md starts with the command and holds the table."""
     import torch
     from synthetic_devices import SM90
 
@@ -267,10 +267,11 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     args = ["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16", "--out", str(tmp_path)]
     assert overhead.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [12, 2, 12, 2], "every dtype's six functions, then the patched steps, per shape"
+    assert rounds_of == [14, 2, 14, 2], "every dtype's seven functions, then the patched steps, per shape"
     assert settles == [3.0, 0.0, 0.0, 0.0], "untimed rounds before the first shape only"
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 0.0 | 99.0 | 99.0 |",
-                    "| 8×2048 | bfloat16 | 6.0 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 1.0 | 99.0 | 99.0 |"]
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 0.0 | 99.0 | 99.0 |",
+                    "| 8×2048 | bfloat16 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 12.0 | 13.0 | 1.0 | 99.0 | 99.0 |"]
+    assert "empty autograd.Function fwd+bwd host µs" in (tmp_path / "summary.md").read_text()
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
     assert all(row in summary for row in rows) and "NVIDIA H200" in summary
@@ -359,3 +360,18 @@ def test_sampling_providers_divide_by_one_temperature_a_row():
     for name in ("liger", "quack", "smem", "previous"):
         with pytest.raises(peers.Unavailable, match="temperature|one scale"):
             peers.prepare_sampling(name, x, t)
+
+
+def test_overhead_empty_function_records_and_backpropagates_like_ours():
+    """bench.overhead's floor line: the empty autograd.Function takes our forward's arguments, is recorded by
+    autograd and gives a gradient of the input's shape and dtype, through the same grad_step the other lines use."""
+    import torch
+
+    from bench import overhead
+
+    x, dy = torch.randn(3, 5), torch.randn(3, 5)
+    fns = overhead.host_functions(x, dy)
+    (grad,) = fns["empty autograd.Function fwd+bwd"]()
+    assert grad.shape == x.shape and grad.dtype == x.dtype
+    y = overhead.EmptyFunction.apply(x.requires_grad_(), -1, None, "auto", 1.0, False, False)
+    assert y.grad_fn is not None and y.shape == x.shape
