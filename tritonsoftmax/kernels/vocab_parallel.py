@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..config import next_power_of_2
+from .row_ops import combine_max_sum
 from .triton_launcher import COMPILE_OPTIONS
 
 ROW_TILE = 2048  # elements of a program's (rows x words) tile
@@ -25,9 +26,22 @@ BLOCK_ROWS = 256  # rows a program of the row-wise kernels takes
 
 
 @triton.jit
-def _shift(top):
-    """A max to subtract: 0 where it is -inf (exp then gives 0, not NaN)."""
-    return tl.where(top == float("-inf"), 0.0, top)
+def _slice_bounds(widths_ptr, rank, BLOCK_W: tl.constexpr):
+    """(start, width) of ``rank``'s slice of the whole row, from every rank's width (int64, rank order)."""
+    ranks = tl.arange(0, BLOCK_W)
+    return tl.sum(tl.load(widths_ptr + ranks, mask=ranks < rank, other=0), 0), tl.load(widths_ptr + rank)
+
+
+@triton.jit
+def _store_whole_pair(ws_ptr, rows, in_rows, C, m, s, BLOCK_C: tl.constexpr):
+    """Each row's first pair of the split workspace ``ws`` (M, C, 2) set to (m, s), its other C - 1 empty (max
+    -inf, sum 0): the write pass's combine then gives (m, s) as it is."""
+    cols = tl.arange(0, BLOCK_C)
+    first = cols[None, :] == 0
+    out = ws_ptr + (rows[:, None] * C + cols[None, :]) * 2
+    keep = in_rows[:, None] & (cols[None, :] < C)
+    tl.store(out, tl.where(first, m[:, None], float("-inf")), mask=keep)
+    tl.store(out + 1, tl.where(first, s[:, None], 0.0), mask=keep)
 
 
 @triton.jit
@@ -48,16 +62,12 @@ def _local_stats_kernel(ws_ptr, out_ptr, logits_ptr, target_ptr, widths_ptr, row
     in_rows = rows < M
     mask = in_rows[:, None] & (cols[None, :] < C)
     at = ws_ptr + (rows[:, None] * C + cols[None, :]) * 2
-    m = tl.load(at, mask=mask, other=float("-inf"))
-    s = tl.load(at + 1, mask=mask, other=0.0)
-    top = tl.max(m, 1)
-    total = tl.sum(s * tl.exp(m - _shift(top)[:, None]), 1)
+    top, total = combine_max_sum(tl.load(at, mask=mask, other=float("-inf")), tl.load(at + 1, mask=mask, other=0.0),
+                                 1)
     tl.store(out_ptr + rows, top, mask=in_rows)
     tl.store(out_ptr + M + rows, total, mask=in_rows)
     if PICK:
-        ranks = tl.arange(0, BLOCK_W)
-        start = tl.sum(tl.load(widths_ptr + ranks, mask=ranks < rank, other=0), 0)
-        width = tl.load(widths_ptr + rank)
+        start, width = _slice_bounds(widths_ptr, rank, BLOCK_W)
         t = tl.load(target_ptr + rows.to(tl.int64) * stride_t, mask=in_rows, other=ignore_index)
         here = in_rows & (t != ignore_index) & (t >= start) & (t < start + width)
         picked = tl.load(logits_ptr + rows.to(tl.int64) * stride_l_row + (t - start) * stride_l_col, mask=here,
@@ -80,16 +90,9 @@ def _whole_pairs_kernel(g_ptr, ws_ptr, M, C, world, K,
     in_rows = rows < M
     mask = in_rows[:, None] & (ranks[None, :] < world)
     at = g_ptr + ranks[None, :] * K * M + rows[:, None]
-    m = tl.load(at, mask=mask, other=float("-inf"))
-    s = tl.load(at + M, mask=mask, other=0.0)
-    top = tl.max(m, 1)
-    total = tl.sum(s * tl.exp(m - _shift(top)[:, None]), 1)
-    cols = tl.arange(0, BLOCK_C)
-    first = cols[None, :] == 0
-    out = ws_ptr + (rows[:, None] * C + cols[None, :]) * 2
-    keep = in_rows[:, None] & (cols[None, :] < C)
-    tl.store(out, tl.where(first, top[:, None], float("-inf")), mask=keep)
-    tl.store(out + 1, tl.where(first, total[:, None], 0.0), mask=keep)
+    top, total = combine_max_sum(tl.load(at, mask=mask, other=float("-inf")), tl.load(at + M, mask=mask, other=0.0),
+                                 1)
+    _store_whole_pair(ws_ptr, rows, in_rows, C, top, total, BLOCK_C)
 
 
 @triton.jit
@@ -108,14 +111,11 @@ def _ce_finish_kernel(g_ptr, target_ptr, widths_ptr, lse_ptr, loss_ptr, blocks_p
     in_rows = rows < M
     mask = in_rows[:, None] & (ranks[None, :] < world)
     at = g_ptr + ranks[None, :] * 4 * M + rows[:, None]
-    m = tl.load(at, mask=mask, other=float("-inf"))
-    s = tl.load(at + M, mask=mask, other=0.0)
+    top, total = combine_max_sum(tl.load(at, mask=mask, other=float("-inf")), tl.load(at + M, mask=mask, other=0.0),
+                                 1)
     picked = tl.sum(tl.load(at + 2 * M, mask=mask, other=0.0), 1)
     row_sum = tl.sum(tl.load(at + 3 * M, mask=mask, other=0.0), 1)
-    top = tl.max(m, 1)
-    shift = _shift(top)
-    total = tl.sum(s * tl.exp(m - shift[:, None]), 1)
-    lse = shift + tl.log(tl.where(in_rows, total, 1.0))  # rows past M: no log of 0
+    lse = tl.where(in_rows, top, 0.0) + tl.log(tl.where(in_rows, total, 1.0))  # rows past M: 0, no log of 0
     vocab = tl.sum(tl.load(widths_ptr + ranks, mask=ranks < world, other=0), 0)
     t = tl.load(target_ptr + rows.to(tl.int64) * stride_t, mask=in_rows, other=ignore_index)
     valid = in_rows & (t != ignore_index)
@@ -147,15 +147,9 @@ def _ce_grad_pairs_kernel(grad_ptr, count_ptr, lse_ptr, target_ptr, ws_ptr, g_pt
     t = tl.load(target_ptr + rows.to(tl.int64) * stride_t, mask=in_rows, other=ignore_index)
     g = tl.where(t != ignore_index, g, 0.0)
     tl.store(g_ptr + rows, g, mask=in_rows)
-    lse = tl.load(lse_ptr + rows, mask=in_rows, other=0.0)
-    cols = tl.arange(0, BLOCK_C)
-    first = cols[None, :] == 0
-    out = ws_ptr + (rows[:, None] * C + cols[None, :]) * 2
-    keep = in_rows[:, None] & (cols[None, :] < C)
-    tl.store(out, tl.where(first, lse[:, None], float("-inf")), mask=keep)
     zero = g == 0.0
     inv = tl.where(zero, float("inf"), 1.0 / tl.where(zero, 1.0, g))  # 1 / 0 = inf without dividing by 0
-    tl.store(out + 1, tl.where(first, inv[:, None], 0.0), mask=keep)
+    _store_whole_pair(ws_ptr, rows, in_rows, C, tl.load(lse_ptr + rows, mask=in_rows, other=0.0), inv, BLOCK_C)
 
 
 @triton.jit
@@ -169,9 +163,7 @@ def _ce_target_kernel(dz_ptr, g_ptr, target_ptr, widths_ptr, M, rank, ignore_ind
     BLOCK_R rows a program, BLOCK_W >= the number of ranks."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     in_rows = rows < M
-    ranks = tl.arange(0, BLOCK_W)
-    start = tl.sum(tl.load(widths_ptr + ranks, mask=ranks < rank, other=0), 0)
-    width = tl.load(widths_ptr + rank)
+    start, width = _slice_bounds(widths_ptr, rank, BLOCK_W)
     t = tl.load(target_ptr + rows.to(tl.int64) * stride_t, mask=in_rows, other=ignore_index)
     here = in_rows & (t != ignore_index) & (t >= start) & (t < start + width)
     at = dz_ptr + rows.to(tl.int64) * stride_d_row + (t - start) * stride_d_col
