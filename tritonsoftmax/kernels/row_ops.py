@@ -384,11 +384,15 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
 
 @triton.jit
 def combine_max_sum(m_g, s_g, AXIS: tl.constexpr = 0):
-    """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0), combined along
-    ``AXIS`` (0: one row's partials; 1: a (rows, partials) tile, one (max, sum) a row)."""
+    """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0): with AXIS 0 one
+    row's partials (the Triton and Gluon kernels' exchange), with AXIS 1 a (rows, partials) tile, one (max, sum) a
+    row, an all -inf row subtracting 0 (no -inf - -inf, which the where would drop anyway: rows past the last)."""
     m = tl.max(m_g, axis=AXIS)
-    shift = tl.where(m == float("-inf"), 0.0, m)  # an all -inf row: no -inf - -inf (NaN), which the where drops anyway
-    s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - tl.expand_dims(shift, AXIS))), axis=AXIS)
+    if AXIS == 0:
+        s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m)), axis=0)
+    else:
+        shift = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - shift[:, None])), axis=1)
     return m, s
 
 
