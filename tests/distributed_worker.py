@@ -108,6 +108,8 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
                 assert "outside the vocabulary" in str(e), str(e)
         for compiler in compilers:
             _compiled(rank, widths, device, compiler)
+        if device.type == "cuda":
+            _graphed(rank, widths, device)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -141,3 +143,48 @@ def _compiled(rank: int, widths: list[int], device: torch.device, compiler: str)
     lw.backward()
     _close(loss, lw, torch.float32, f"{what} cross_entropy")
     _close(xl.grad, xw.grad[:, mine], torch.float32, f"{what} cross_entropy gradient")
+
+
+def _graphed(rank: int, widths: list[int], device: torch.device) -> None:
+    """softmax, log_softmax and cross_entropy, forward and backward, captured in one CUDA graph after a warm-up on a
+    side stream (the collectives included: nothing on the path waits on the host), then replayed on new logits and
+    targets copied into the captured inputs; every replay's outputs against torch on the whole tensor."""
+    import tritonsoftmax.distributed as tsd
+
+    mine, V = _slices(widths)[rank], sum(widths)
+    gen = torch.Generator().manual_seed(11)
+    xl = torch.zeros(5, widths[rank], device=device, requires_grad=True)
+    target = torch.zeros(5, dtype=torch.int64, device=device)
+
+    def step():
+        y = tsd.softmax(xl, -1)
+        z = tsd.log_softmax(xl, -1)
+        loss = tsd.cross_entropy(xl, target, label_smoothing=0.1)
+        grad, = torch.autograd.grad((y * 0.5).sum() + (z * 0.25).sum() + loss, xl)
+        return y, z, loss, grad
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for trial in range(3):
+        x = torch.randn(5, V, generator=gen) * (trial + 1)
+        t = torch.randint(0, V, (5,), generator=gen)
+        with torch.no_grad():
+            xl.copy_(x[:, mine])
+            target.copy_(t)
+        graph.replay()
+        torch.cuda.synchronize(device)
+        xw = x.double().requires_grad_()
+        yw, zw = torch.softmax(xw, -1), torch.log_softmax(xw, -1)
+        lw = F.cross_entropy(xw, t, label_smoothing=0.1)
+        gw, = torch.autograd.grad((yw * 0.5).sum() + (zw * 0.25).sum() + lw, xw)
+        what = f"rank {rank} CUDA graph replay {trial}"
+        for got, want, name in zip(captured, (yw[:, mine], zw[:, mine], lw, gw[:, mine]),
+                                   ("softmax", "log_softmax", "cross_entropy", "gradient"), strict=True):
+            _close(got, want.to(device), torch.float32, f"{what} {name}")
