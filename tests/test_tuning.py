@@ -245,6 +245,7 @@ def test_tuner_command_writes_a_table(tmp_path):
                           "--n-max", "1024", "--m", "4", "--rep-ms", "5", "--out", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
+    assert "found in sys.modules" not in run.stderr, run.stderr  # the package does not import its tuner
     assert "[3/3]" in run.stdout and "N=509 " in run.stdout, run.stdout  # 509: the odd length beside 512
     assert "bucket 512: " in run.stdout, run.stdout  # one entry chosen across 509 and 512
     files = list(out.rglob("*.yaml"))

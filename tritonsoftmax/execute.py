@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, layout, tune
+from . import dispatch, layout
 from .device import interpreter_active
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -213,7 +213,7 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     if problem is not None:
         prepared = prepare_launch(problem, a, out, impl, flags, backward)
         prepared(a, out, *rest, scale)
-        tune.record_autotuned(prepared)
+        _record_autotuned(prepared)
         if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
             if len(_prepared) >= _PREPARED_MAX:
                 _prepared.clear()
@@ -224,8 +224,17 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
     ot = torch.empty_like(at, dtype=out.dtype)
     prepared = prepare_launch(layout.row_problem(at, ot, at.dim() - 1), at, ot, impl, flags, backward)
     prepared(at, ot, *rt, scale)
-    tune.record_autotuned(prepared)
+    _record_autotuned(prepared)
     return out.copy_(ot.movedim(-1, dim))
+
+
+def _record_autotuned(prepared) -> None:
+    """The tuner's record of a launch that autotuned on its first call (tune.record_autotuned), imported only then:
+    the package does not import the tuner, so ``python -m tritonsoftmax.tune`` runs a module not yet imported."""
+    if getattr(prepared, "autotuned", False):
+        from . import tune
+
+        tune.record_autotuned(prepared)
 
 
 def prepare_launch(problem: layout.RowProblem, x: torch.Tensor, y: torch.Tensor, impl: str, flags: dict,
