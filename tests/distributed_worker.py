@@ -147,8 +147,9 @@ def _compiled(rank: int, widths: list[int], device: torch.device, compiler: str)
 
 def _graphed(rank: int, widths: list[int], device: torch.device) -> None:
     """softmax, log_softmax and cross_entropy, forward and backward, captured in one CUDA graph after a warm-up on a
-    side stream (the collectives included: nothing on the path waits on the host), then replayed on new logits and
-    targets copied into the captured inputs; every replay's outputs against torch on the whole tensor."""
+    side stream (nothing on the path waits on the host; the NCCL collectives are in the graph where the world has
+    two ranks or more, a world of one exchanges nothing), then replayed on new logits and targets copied into the
+    captured inputs; every replay's outputs against torch on the whole tensor."""
     import tritonsoftmax.distributed as tsd
 
     mine, V = _slices(widths)[rank], sum(widths)

@@ -36,8 +36,8 @@ def test_vocab_parallel_softmax_log_softmax_and_cross_entropy_match_torch(tmp_pa
 @pytest.mark.parametrize("widths", [[63], [37, 26]], ids=["world-of-one", "2-gpus"])
 def test_nccl_gpus_match_torch(tmp_path, widths):
     """The same checks over NCCL, one rank a GPU (a world of one: the whole row on the one rank), inside
-    torch.compile with aot_eager and inductor, and captured in a CUDA graph (collectives included) and replayed on
-    new data."""
+    torch.compile with aot_eager and inductor, and captured in a CUDA graph and replayed on new data (with the
+    collectives in the graph on two GPUs)."""
     if torch.cuda.device_count() < len(widths):
         pytest.skip(f"needs {len(widths)} GPUs, this machine has {torch.cuda.device_count()}")
     init = f"file://{tmp_path / 'store'}"

@@ -22,8 +22,8 @@ kernels (kernels/vocab_parallel.py) each stand for a dozen torch operators: at s
 operator, not the GPU, sets the pace. Elsewhere (float64, CPU tensors without the interpreter, inside
 ``torch.compile``) the passes are torch operators, fp32 math. The collectives are ``torch.distributed``'s, on whatever
 backend the group runs (NCCL, RCCL, gloo). Under ``torch.compile`` each function is one graph, collectives
-included (tested with aot_eager and inductor over gloo); they capture in a CUDA graph (nothing waits on the host;
-tested over NCCL).
+included (tested with aot_eager and inductor over gloo). Nothing waits on the host, so the functions capture in a
+CUDA graph (tested over NCCL with one GPU, where a group of one has no collective to capture).
 """
 
 from __future__ import annotations
