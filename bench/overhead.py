@@ -38,21 +38,41 @@ def host_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0) -> list[float]:
+def native_path(on: bool) -> None:
+    """The C++ launch path on (its plans kept across switches) or off: the columns marked C++ time it on."""
+    from tritonsoftmax import native
+
+    if on:
+        native.enable()
+    else:
+        native.disable(forget_plans=False)
+
+
+def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0, native: list[bool] | None = None) -> list[float]:
     """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round, after
-    untimed rounds for ``settle_s`` seconds."""
-    for fn in fns:
-        for _ in range(200):
-            fn()
+    untimed rounds for ``settle_s`` seconds; ``native[i]``: fns[i] runs with the C++ launch path on."""
+    native = native or [False] * len(fns)
+
+    def timed(i, calls):
+        native_path(native[i])
+        if calls:
+            for _ in range(calls):
+                fns[i]()
+            return 0.0
+        return host_us(fns[i])
+
+    for i in range(len(fns)):
+        timed(i, 200)
     end = time.perf_counter() + settle_s
     while time.perf_counter() < end:
-        for fn in fns:
-            host_us(fn)
+        for i in range(len(fns)):
+            timed(i, 0)
     times: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
-            times[i].append(host_us(fns[i]))
+            times[i].append(timed(i, 0))
+    native_path(False)
     return [statistics.median(t) for t in times]
 
 
@@ -128,7 +148,12 @@ def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
         "ours fwd+bwd through the operator": step(lambda t: op(t, -1, None, "auto", 1.0, False, False)),
         "empty autograd.Function fwd+bwd": step(lambda t: EmptyFunction.apply(t, -1, None, "auto", 1.0, False,
                                                                               False)),
+        NATIVE + "ours": lambda: tritonsoftmax.softmax(x),
+        NATIVE + "ours fwd+bwd": step(tritonsoftmax.softmax),  # the C++ autograd Function
     }
+
+
+NATIVE = "C++ launch path: "  # host_functions' columns timed with tritonsoftmax.native on
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,15 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     for index, s in enumerate(args.shapes):
         M, N = map(int, s.split("x"))
         settle = args.settle if index == 0 else 0.0
-        fns, patched = [], []
+        fns, patched, native = [], [], []
         for dname in args.dtype:
             dtype = getattr(torch, dname)
             x, dy = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
             fns += host_functions(x, dy).values()
+            native += [n.startswith(NATIVE) for n in names]
             patched.append(grad_step(lambda t: torch.softmax(t, -1), x, dy))  # timed inside patch_torch()
         if settle:
             print(f"(untimed rounds for {settle:g} s first)", file=sys.stderr, flush=True)
-        host = interleaved_host_us(fns, args.rounds, settle)
+        host = interleaved_host_us(fns, args.rounds, settle, native)
         with tritonsoftmax.patch_torch():  # its own rounds, straight after: inside the block torch's softmax is ours
             host_patched = interleaved_host_us(patched, args.rounds, 0.0)
         k = len(names)
@@ -190,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
              "shaped like ours that only allocates (no kernel), the autograd machinery's own host time; "
              "`inside patch_torch()`: torch.softmax's forward "
              "and backward with our kernels as aten's (torch's own C++ autograd node), timed in its own rounds right "
-             "after the others.", "",
+             "after the others. `C++ launch path`: the same calls with `tritonsoftmax.native` on (its C++ autograd "
+             "Function starts the kernels the Python path compiled), switched on and off between the timed runs of "
+             "one round.",
+             "",
              f"Host load (1-minute load average / CPU cores) at the start {load_start} and at the end {busy_host()}: "
              "other work on the host slows every column alike, torch's too.", "", *table]
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch, execute, ops
+from . import dispatch, execute, native, ops
 from .kernels import exchange
+from .kernels.triton_launcher import launch_hook_installed
 
 
 def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None, impl: str = "auto",
@@ -52,16 +53,40 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = N
 def _entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Tensor:
     # type() first: isinstance on torch.Tensor runs Python code of torch's metaclass (~0.1 us a call)
     if type(x) is torch.Tensor or isinstance(x, torch.Tensor):
-        compiling = torch.compiler.is_compiling()
-        if compiling or (x.requires_grad and torch.is_grad_enabled()):
-            if not compiling and execute.functorch_active():  # torch.func.grad & co: torch's softmax
-                return execute.forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
+        if torch.compiler.is_compiling():
             execute.check_impl(impl)
-            if compiling and type(scale) is torch.Tensor:  # the operator's schema takes one float scale
+            if type(scale) is torch.Tensor:  # the operator's schema takes one float scale
                 return execute.forward_torch(x, dim, dtype, scale, log, zero_masked)
-            run = ops.softmax_op if compiling else ops.record_softmax
-            return run(x, dim, dtype, impl, execute.check_scale(scale), log, bool(zero_masked))
+            return ops.softmax_op(x, dim, dtype, impl, execute.check_scale(scale), log, bool(zero_masked))
+        if native.module is not None:
+            return _native_entry(x, dim, dtype, impl, scale, log, zero_masked)
+        return _eager(x, dim, dtype, impl, scale, log, zero_masked)
     return execute.forward(x, dim, dtype, impl, scale, log, zero_masked)
+
+
+def _eager(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Tensor:
+    """An eager call on the Python path: recorded through ops.SoftmaxFunction where autograd records it."""
+    if x.requires_grad and torch.is_grad_enabled():
+        if execute.functorch_active():  # torch.func.grad & co: torch's softmax
+            return execute.forward_cold(x, dim, dtype, impl, scale, log, zero_masked)
+        execute.check_impl(impl)
+        return ops.record_softmax(x, dim, dtype, impl, execute.check_scale(scale), log, bool(zero_masked))
+    return execute.forward(x, dim, dtype, impl, scale, log, zero_masked)
+
+
+def _native_entry(x, dim, dtype, impl, scale, log: bool, zero_masked: bool) -> torch.Tensor:
+    """An eager call with the C++ launch path on (native.enable): C++ starts signatures it has a plan for; the
+    others run the Python path, which then hands C++ the launch it kept."""
+    mode = native.MODE_OF_IMPL.get(impl) if (type(dim) is int and dtype is None and not execute.functorch_active()
+                                             and not launch_hook_installed()) else None
+    if mode is None or not (scale is None or type(scale) is float):
+        return _eager(x, dim, dtype, impl, scale, log, zero_masked)
+    mode += 2 * bool(log) + bool(zero_masked)
+    y = native.module.softmax(x, dim, 1.0 if scale is None else scale, mode)
+    if y is None:
+        y = _eager(x, dim, dtype, impl, scale, log, zero_masked)
+        native.learn_forward(x, dim, impl, log, zero_masked, mode)
+    return y
 
 
 def clear_caches() -> None:
@@ -70,6 +95,7 @@ def clear_caches() -> None:
     import sys
 
     execute.forget_prepared()
+    native.forget()
     dispatch.clear_cache()
     distributed = sys.modules.get("tritonsoftmax.distributed")
     if distributed is not None:

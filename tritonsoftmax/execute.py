@@ -310,6 +310,19 @@ def backward_torch(dy: torch.Tensor, y: torch.Tensor, dim: int, scale: float | t
     return _like_input(dx.to(input_dtype), y, input_dtype)
 
 
+def prepared_entry(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, log: bool,
+                   zero_masked: bool):
+    """The launch a warm forward of this signature starts (with no tensor of scales), None where none is kept."""
+    hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
+    return None if hit is None else hit[2]
+
+
+def prepared_backward_entry(y: torch.Tensor, dim: int, impl: str, log: bool):
+    """The launch a warm backward of this signature starts (a float scale), None where none is kept."""
+    hit = _prepared.get(("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log))
+    return None if hit is None else hit[2]
+
+
 def forget_prepared() -> None:
     """Forget every prepared launch (``tritonsoftmax.clear_caches`` also forgets decisions)."""
     _prepared.clear()

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime import driver
 
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2
@@ -22,11 +21,14 @@ from .constexprs import check_dense, check_same_layout, row_align, row_pieces, r
 from .triton_launcher import (
     COMPILE_OPTIONS,
     PORTABLE_CLUSTER,
+    WarmKernel,
     allow_cluster,
     constexpr_values,
     direct_start,
     hooked_runner,
+    launch_hook_installed,
     raw_args,
+    warm_kernel,
     warm_launcher,
 )
 
@@ -98,8 +100,7 @@ class PreparedLaunch(Launch):
         saved output, the scale)."""
         args, aligned = raw_args(x, y, extra)
         if self._warm is not None and aligned == self._aligned:
-            hook = knobs.runtime.launch_enter_hook
-            if hook is None or not getattr(hook, "calls", True):  # no launch hook (a profiler's) is installed
+            if not launch_hook_installed():
                 self._warm(*args)
             else:  # a profiler's hooks are installed: Triton's runner calls them (with the tensors)
                 self._runner(x, y, *extra, *self.tail, *self._meta)
@@ -183,6 +184,18 @@ class PreparedLaunch(Launch):
         self._aligned = aligned
         tensors = len(extra) - 1 if extra and type(extra[-1]) is float else -1
         self.direct = direct_start(self._warm, aligned, self.__call__, tensors)
+        self._warm_kernel = None if self.cluster else warm_kernel(
+            compiled, grid3, packed_metadata, (*self.tail, *self._meta), tensors, aligned, self._warm.layout)
+
+    @property
+    def kept(self) -> bool:
+        """Whether a compiled kernel is kept for warm calls (from the first call that did not autotune on)."""
+        return self._warm is not None
+
+    def warm_kernel(self) -> WarmKernel | None:
+        """What a warm call starts, where it is one plain kernel launch a launcher outside Python can make
+        (triton_launcher.warm_kernel); None before the first launch and for other forms."""
+        return getattr(self, "_warm_kernel", None)
 
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -74,6 +75,50 @@ def warm_launcher(run, grid3: tuple, function: int, packed_metadata, fixed_args:
             run(g0, g1, g2, current_stream(device_index), *head, *args, *fixed_args)
     start.layout = layout
     return start
+
+
+@dataclass(frozen=True)
+class WarmKernel:
+    """What a warm launch starts, for a launcher outside Python: the loaded CUfunction, its grid, num_warps and
+    dynamic shared memory, Triton's type of every parameter in order (``signature``: "*fp32", "i32", "fp32",
+    "constexpr"), how many lead the call's own (``leading``: the input, the output, the saved output where there
+    is one, the float scale) and the values of the rest (``fixed_args``), and whether the pointers were 16-byte
+    aligned when it was compiled (``aligned``)."""
+
+    function: int
+    grid: tuple
+    num_warps: int
+    shared: int
+    signature: list
+    leading: int
+    fixed_args: tuple
+    aligned: bool
+
+
+def warm_kernel(compiled, grid3: tuple, packed_metadata, fixed_args: tuple, tensors: int, aligned: bool,
+                layout: int) -> WarmKernel | None:
+    """A warm launch as WarmKernel where it is one plain launch: a CUDA launcher called without its Python
+    (``layout`` is not RUN_LAUNCHER: no scratch, no sanitizer), one CTA a cluster, neither cooperative nor
+    programmatic-dependent, ``tensors`` (after x and y) 0 or 1; else None."""
+    run = compiled.run
+    if layout == RUN_LAUNCHER or tensors not in (0, 1) or getattr(run, "launch_cooperative_grid", True) \
+            or getattr(run, "launch_pdl", True):
+        return None
+    if not (isinstance(packed_metadata, tuple) and len(packed_metadata) == 3 and packed_metadata[1] == 1):
+        return None
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if not isinstance(signature, dict):
+        return None
+    num_warps, _, shared = packed_metadata
+    return WarmKernel(int(compiled.function), tuple(grid3), int(num_warps), int(shared), list(signature.values()),
+                      3 + tensors, tuple(fixed_args), bool(aligned))
+
+
+def launch_hook_installed() -> bool:
+    """Whether a Triton launch hook that wants calls (a profiler's) is installed: warm paths that skip Triton's
+    launcher skip its hooks too, so such calls take Triton's runner."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and getattr(hook, "calls", True)
 
 
 def direct_start(start: Callable[..., None], aligned: bool, fallback: Callable, tensors: int = 0) -> Callable:
