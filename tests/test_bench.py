@@ -244,22 +244,25 @@ def test_overhead_settle_rounds_are_not_counted(monkeypatch):
 
 def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_path):
     """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that the process's
-    drift in host speed falls on all alike), each dtype's row reports its own seven host times (the last: an
-    autograd.Function that launches nothing), and summary.md starts with the command and holds the table."""
+    drift in host speed falls on all alike), each dtype's row reports its own nine host times (the seventh: an
+    autograd.Function that launches nothing; the last two: the C++ launch path, timed with it on), and summary.md
+    starts with the command and holds the table."""
     import torch
     from synthetic_devices import SM90
 
     from bench import overhead
     from tritonsoftmax import device
 
-    rounds_of, settles = [], []
+    rounds_of, settles, natives = [], [], []
 
-    def interleaved(fns, rounds, settle_s):
+    def interleaved(fns, rounds, settle_s, native=None):
         rounds_of.append(len(fns))
         settles.append(settle_s)
+        natives.append(native)
         return [float(i) for i in range(len(fns))]
 
     monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
+    monkeypatch.setattr(overhead, "native_available", lambda: True)
     monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -267,10 +270,12 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     args = ["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16", "--out", str(tmp_path)]
     assert overhead.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [14, 2, 14, 2], "every dtype's seven functions, then the patched steps, per shape"
+    assert rounds_of == [18, 2, 18, 2], "every dtype's nine functions, then the patched steps, per shape"
+    assert natives[0] == ([False] * 7 + [True] * 2) * 2 and natives[1] is None
     assert settles == [3.0, 0.0, 0.0, 0.0], "untimed rounds before the first shape only"
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 0.0 | 99.0 | 99.0 |",
-                    "| 8×2048 | bfloat16 | 7.0 | 8.0 | 9.0 | 10.0 | 11.0 | 12.0 | 13.0 | 1.0 | 99.0 | 99.0 |"]
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 7.0 | 8.0 | 0.0 | 99.0 | 99.0 |",
+                    "| 8×2048 | bfloat16 | 9.0 | 10.0 | 11.0 | 12.0 | 13.0 | 14.0 | 15.0 | 16.0 | 17.0 | 1.0 | 99.0 "
+                    "| 99.0 |"]
     assert "empty autograd.Function fwd+bwd host µs" in (tmp_path / "summary.md").read_text()
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")

@@ -102,7 +102,7 @@ def _cast_input(x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 # call signature -> (what starts it warm: the launch's ``direct`` where it has one, output dtype or None: x's,
 # the prepared launch)
 _prepared: dict[tuple, tuple] = {}
-_PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
+PREPARED_MAX = 4096  # forget everything past this many signatures (dynamic shapes)
 
 
 def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
@@ -215,7 +215,7 @@ def _launch_rows(a: torch.Tensor, out: torch.Tensor, rest: tuple, dim: int, impl
         prepared(a, out, *rest, scale)
         _record_autotuned(prepared)
         if remember is not None:  # after the first launch, which gives a PreparedLaunch its direct start
-            if len(_prepared) >= _PREPARED_MAX:
+            if len(_prepared) >= PREPARED_MAX:
                 _prepared.clear()
             _prepared[remember] = (getattr(prepared, "direct", prepared), None if out_dtype == a.dtype else out_dtype,
                                    prepared)

@@ -203,6 +203,8 @@ def _offer(t: torch.Tensor, backward: bool, dim: int, mode: int, prepared, signa
     plan = None if warm is None else parameter_plan(warm.signature, warm.leading, warm.fixed_args)
     if plan is None or not module.add_plan(t, backward, dim, mode, warm.function, list(warm.grid), 32 * warm.num_warps,
                                            warm.shared, warm.aligned, *plan):
+        if len(_refused) >= execute.PREPARED_MAX:
+            _refused.clear()
         _refused.add(signature_key)
 
 
