@@ -4,7 +4,9 @@ A call routes through the ``tritonsoftmax::softmax`` custom operator (see ``ops.
 ``torch.compile`` is tracing, and through ``ops.SoftmaxFunction`` (the same forward and backward as a
 ``torch.autograd.Function``) when eager autograd records the call; a plain eager call runs
 :func:`execute.forward` directly. Neither eager path pays the operator's dispatch. Calls made under
-a ``torch.func`` transform run torch's softmax (:func:`execute.functorch_active`).
+a ``torch.func`` transform run torch's softmax (:func:`execute.functorch_active`). With the C++ launch
+path on (``native.enable()``), an eager call asks it first: it starts the kernel of a signature the
+Python path has run before, recorded by its own C++ autograd Function.
 """
 
 from __future__ import annotations
