@@ -110,6 +110,11 @@ def _signature(x: torch.Tensor, dim, dtype, impl, log, zero_masked) -> tuple:
     return (x.shape, x.stride(), x.dtype, x.get_device(), dim, dtype, impl, log, zero_masked)
 
 
+def _backward_signature(y: torch.Tensor, dim, impl, log) -> tuple:
+    """What a warm backward must match (besides dy laid out as y, and its scales' signature for a tensor scale)."""
+    return ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)
+
+
 def _scale_signature(scale: torch.Tensor) -> tuple:
     """What a warm call with a tensor of scales must also match: the scales' shape, strides, dtype and device."""
     return ("row_scale", scale.shape, scale.stride(), scale.dtype, scale.get_device())
@@ -255,8 +260,8 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
     per_row = type(scale) is torch.Tensor
     if per_row or type(scale) is float:
         try:
-            stride = y.stride()
-            key = ("bwd", y.shape, stride, y.dtype, y.get_device(), dim, impl, log)
+            key = _backward_signature(y, dim, impl, log)
+            stride = key[2]
             hit = _prepared.get(key + _scale_signature(scale) if per_row else key)
         except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: validate below
             hit = None
@@ -280,7 +285,7 @@ def backward(dy: torch.Tensor, y: torch.Tensor, dim: int, impl: str, scale: floa
 
 def _backward_cold(dy, y, dim, impl, scale, log, input_dtype) -> torch.Tensor:
     """backward's first call of a signature (or one a warm launch cannot take): choose, prepare, remember."""
-    key = ("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log)  # dim as the caller gave it
+    key = _backward_signature(y, dim, impl, log)  # dim as the caller gave it
     dim = normalize_dim(dim, y.dim())
     per_row = isinstance(scale, torch.Tensor)
     if (y.dtype not in KERNEL_DTYPES or y.dim() == 0 or y.numel() == 0
@@ -319,7 +324,7 @@ def prepared_entry(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: s
 
 def prepared_backward_entry(y: torch.Tensor, dim: int, impl: str, log: bool):
     """The launch a warm backward of this signature starts (a float scale), None where none is kept."""
-    hit = _prepared.get(("bwd", y.shape, y.stride(), y.dtype, y.get_device(), dim, impl, log))
+    hit = _prepared.get(_backward_signature(y, dim, impl, log))
     return None if hit is None else hit[2]
 
 

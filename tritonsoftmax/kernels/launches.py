@@ -89,7 +89,7 @@ class PreparedLaunch(Launch):
         # where some I32 config's offsets could pass 2**31 - 1, so such problems get a key (and a pruning) of their own.
         narrow_ok = family.i32_bounds is None or problem.offsets_fit_int32(*family.i32_bounds)
         self.tail = (*problem.kernel_args(), n_bucket(problem.N), m_bucket(problem.M) * (1 if narrow_ok else -1))
-        self._runner = self._warm = None
+        self._runner = self._warm = self._warm_kernel = None
         self._aligned = None
         self.direct = self.__call__  # what a warm caller calls: direct_start's closure once a kernel is kept
 
@@ -195,7 +195,7 @@ class PreparedLaunch(Launch):
     def warm_kernel(self) -> WarmKernel | None:
         """What a warm call starts, where it is one plain kernel launch a launcher outside Python can make
         (triton_launcher.warm_kernel); None before the first launch and for other forms."""
-        return getattr(self, "_warm_kernel", None)
+        return self._warm_kernel
 
     def _start_clusters(self, x: torch.Tensor, y: torch.Tensor, extra: tuple, aligned: bool) -> None:
         """Cluster mode (``cluster`` > 0, CUDA): the compiled kernel started as CTA clusters of
