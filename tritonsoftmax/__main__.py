@@ -30,6 +30,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--autotune", action="store_true",
                     help="autotune shapes the tuning table lacks (default: each family's heuristic config)")
+    ap.add_argument("--native", action="store_true",
+                    help="build and turn on the C++ launch path first (NVIDIA; tritonsoftmax.native), and check it")
     return ap.parse_args(argv)
 
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     import tritonsoftmax
-    from tritonsoftmax import dispatch
+    from tritonsoftmax import dispatch, native
     from tritonsoftmax.device import device_info
     from tritonsoftmax.kernels import FAMILY_NAMES, GLUON_FAMILY_NAMES, gluon_available
 
@@ -58,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
           f"SMs={info.sm_count} regs/SM={info.regs_per_sm}")
     if not on_gpu:
         print("no GPU: running the kernels under the Triton interpreter (correctness only, no speed)")
+    failures = 0
+    if args.native and not native.enable():
+        failures += on_gpu  # asked for on a GPU and not there; without one it cannot run
+    print("C++ launch path:", "on (gradient checks run three times: the later ones through C++)" if native.module
+          else "off (TRITONSOFTMAX_NATIVE=1 turns it on)")
     print("dispatch:")
     for M, N in [(8, 2048), (4096, 1024), (4096, 16384), (4096, 65536), (1, 8388608)]:
         rule = dispatch.choose(M, N, torch.float32, info)
@@ -65,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if on_gpu else [])
     shapes = SHAPES + (GPU_SHAPES if on_gpu else [])
-    failures = 0
     gen = torch.Generator().manual_seed(0)
     gluon = GLUON_FAMILY_NAMES if on_gpu and info.sm_version >= 80 and gluon_available() else ()
     for impl in ("auto",) + FAMILY_NAMES + gluon:
@@ -89,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 failures += not ok
                 print(f"  {'ok  ' if ok else 'FAIL'} {impl:7} {str(dtype)[6:]:8} {M:>5} x {N:<6} "
                       f"max err {err:.1e} {speed}")
-    for log in (False, True):  # gradients through eager autograd (ops.SoftmaxFunction), auto dispatch
+    rounds = 3 if native.module else 1  # the C++ launch path starts a signature's kernels from its second call
+    for log in [False, True] * rounds:  # gradients through eager autograd (ops.SoftmaxFunction), auto dispatch
         for M, N in [(7, 17), (3, 4097)] + ([(4, 1048576)] if on_gpu else []):
             x = (torch.randn(M, N, generator=gen) * 4).to(dev).requires_grad_()
             dy = torch.randn(M, N, generator=gen).to(dev)
