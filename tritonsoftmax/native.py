@@ -2,8 +2,8 @@
 ``TRITONSOFTMAX_NATIVE=1``.
 
 A recorded eager softmax through Python costs more host time than torch's: ``torch.autograd.Function``'s Python on
-the way in, and the backward's Python on autograd's device thread, where it runs about half as fast as on the main
-thread (docs/performance.md). ``csrc/native_step.cpp`` starts the same compiled Triton kernels from C++: a C++
+the way in, and the backward's Python on autograd's device thread, where it runs slower than on the main thread
+(docs/performance.md). ``csrc/native_step.cpp`` starts the same compiled Triton kernels from C++: a C++
 autograd Function whose forward and backward look up a plan (the compiled function, its grid and its parameters)
 and call ``cuLaunchKernel``. It chooses nothing: the first call of a signature runs the Python path (the dispatcher,
 Triton's compile) and this module hands the launch it kept to C++ as a plan; later calls of that signature start
