@@ -120,8 +120,9 @@ std::shared_ptr<const Plan> find(const Key& k) {
   return it == plans.end() ? nullptr : it->second;
 }
 
+// A CUDA tensor with storage of its own (not a wrapper subclass or a torch.func wrapper, whose data_ptr raises).
 bool usable(const at::Tensor& t) {
-  return t.defined() && t.is_cuda() && t.dim() > 0 && t.numel() > 0;
+  return t.defined() && t.is_cuda() && t.has_storage() && t.dim() > 0 && t.numel() > 0;
 }
 
 // Start ``p`` on the current stream of ``dev``: a (x or dy), out (y or dx), saved (the backward's y).
