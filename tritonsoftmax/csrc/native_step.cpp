@@ -78,9 +78,8 @@ struct Plan {
   unsigned block = 32;
   unsigned smem = 0;
   bool aligned = false;   // the kernel was compiled for 16-byte-aligned pointers (or for any)
-  bool saved = false;     // takes a third tensor (the backward's saved output)
   std::vector<uint64_t> words;  // one 8-byte slot a parameter: the fixed values
-  int in_slot = -1, out_slot = -1, saved_slot = -1, scale_slot = -1;
+  int in_slot = -1, out_slot = -1, saved_slot = -1, scale_slot = -1;  // saved: the backward's third tensor
 };
 
 // A signature: forward or backward, the caller's mode (impl, log, zero_masked), dim, dtype, device, sizes,
@@ -280,21 +279,17 @@ bool add_plan(const at::Tensor& t, bool backward, int64_t dim, int64_t mode, int
         break;
       case PTR_IN: plan->in_slot = slot; if (sizes[i] != 8) return false; break;
       case PTR_OUT: plan->out_slot = slot; if (sizes[i] != 8) return false; break;
-      case PTR_SAVED: plan->saved_slot = slot; plan->saved = true; if (sizes[i] != 8) return false; break;
+      case PTR_SAVED: plan->saved_slot = slot; if (sizes[i] != 8) return false; break;
       case SCALE: plan->scale_slot = slot; if (sizes[i] != 4) return false; break;
       default: return false;
     }
   }
-  if (plan->in_slot < 0 || plan->out_slot < 0 || plan->saved != backward) return false;
+  if (plan->in_slot < 0 || plan->out_slot < 0 || (plan->saved_slot >= 0) != backward) return false;
   Key k = make_key(t, backward ? 1 : 0, dim, mode);
   std::lock_guard<std::mutex> g(plans_mutex);
   if (plans.size() >= MAX_PLANS) plans.clear();
   plans[std::move(k)] = std::move(plan);
   return true;
-}
-
-bool has_plan(const at::Tensor& t, bool backward, int64_t dim, int64_t mode) {
-  return find(make_key(t, backward ? 1 : 0, dim, mode)) != nullptr;
 }
 
 void clear() {
@@ -319,7 +314,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tritonsoftmax's C++ launch path of an eager step (built by tritonsoftmax.native)";
   m.def("softmax", &softmax, "the forward through a known plan, or None");
   m.def("add_plan", &add_plan);
-  m.def("has_plan", &has_plan);
   m.def("clear", &clear);
   m.def("set_backward", &set_backward);
   m.def("counts", &counts, "(forward launches, backward launches, forward misses, backward misses)");
