@@ -33,12 +33,10 @@ def user_table(tmp_path, monkeypatch):
 
 
 def test_round_trip_and_buckets(user_table):
-    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="test")
+    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)])
     assert path == user_table / "cuda" / "sm_90.yaml"
     doc = yaml.safe_load(path.read_text())
-    assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["covers"] == ["test"]
-    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 4096, CFG, 0.02)], covers="test")
-    assert yaml.safe_load(path.read_text())["header"]["covers"] == ["test"], "the same covers twice is kept once"
+    assert doc["schema"] == 1 and doc["header"]["arch"] == "sm_90" and doc["header"]["backend"] == "cuda"
     hit = tuning.lookup(SM90, "fused", torch.float32, 1500, 5000)  # N 1500 -> bucket 2048, M 5000 -> nearest
     assert hit is not None and hit.config == CFG and hit.ms == pytest.approx(0.0165)
     assert tuning.lookup(SM90, "fused", torch.float32, 2049, 4096) is None  # another N bucket
@@ -46,32 +44,24 @@ def test_round_trip_and_buckets(user_table):
     assert tuning.lookup(SM90, "online", torch.float32, 2048, 4096) is None  # another family
 
 
-def test_covers_line_replaced_as_a_run_goes(user_table):
-    """A run that writes after every shape updates its own covers line; other lines stay."""
-    one, two = "run [1 of 3 shapes recorded]", "run [2 of 3 shapes recorded]"
-
-    def covers():
-        return yaml.safe_load(path.read_text())["header"]["covers"]
-
-    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="earlier")
-    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 8, CFG, 0.01)], covers=one)
-    tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 1, CFG, 0.01)], covers="later")
-    tuning.record(user_table, SM90, [("fused", torch.float32, 4096, 8, CFG, 0.01)], covers=two, replaces=one)
-    assert covers() == ["earlier", two, "later"]
-    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 8, CFG, 0.01)], covers="earlier", replaces=two)
-    assert covers() == ["earlier", "later"], "a line already there is not doubled"
-
-
-def test_hand_edited_covers_line_stays_text(user_table):
-    """A covers line edited by hand with ": " in it reads back as a mapping; the next record keeps
-    it as "key: value" text, never a Python dict repr."""
-    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)], covers="first")
-    text = path.read_text().replace("covers: [first]", "covers: [coop; N 262144; M 32: entries removed, first]")
-    path.write_text(text)
-    assert isinstance(yaml.safe_load(text)["header"]["covers"][0], dict)
-    tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 4096, CFG, 0.02)], covers="second")
-    covers = yaml.safe_load(path.read_text())["header"]["covers"]
-    assert covers == ["coop; N 262144; M 32: entries removed", "first", "second"]
+@pytest.mark.parametrize("write", ["entry", "dispatch winner"])
+def test_a_write_keeps_the_entries_and_leaves_no_run_log_in_the_header(user_table, write):
+    """The header says what the table is for; an older file's account of its runs (``covers``) is dropped on the
+    next write, its entries, policy and dispatch results kept."""
+    path = tuning.record(user_table, SM90, [("fused", torch.float32, 2048, 4096, CFG, 0.0165)])
+    doc = yaml.safe_load(path.read_text())
+    assert set(doc["header"]) == {"device", "backend", "arch", "triton", "torch"}
+    doc["header"]["covers"] = ["fused; float32; N 2048; M 4096 [1 of 3 entries recorded]"]
+    doc["policy"] = {"few_rows_per_sm": 3}
+    path.write_text(yaml.safe_dump(doc))
+    if write == "entry":
+        tuning.record(user_table, SM90, [("fused", torch.float32, 8192, 4096, CFG, 0.02)])
+    else:
+        tuning.record_winner(user_table, SM90, ("fwd", "float32", 4480, 4096), "fused", {"fused": 0.02, "smem": 0.03})
+    doc = yaml.safe_load(path.read_text())
+    assert "covers" not in doc["header"] and doc["header"]["arch"] == "sm_90"
+    assert doc["policy"] == {"few_rows_per_sm": 3}
+    assert 2048 in doc["entries"]["fused"]["float32"]
 
 
 def test_an_entry_under_a_length_below_its_bucket_serves_the_rows_up_to_it(user_table):
@@ -252,8 +242,8 @@ def test_tuner_command_writes_a_table(tmp_path):
     assert len(files) == 1
     data = yaml.safe_load(files[0].read_text())
     assert set(data["entries"]["fused"]["float32"]) == {512, 1024}
-    (covers,) = data["header"]["covers"]  # the finished run's line, its progress line replaced
-    assert "N 512..1024; odd lengths beside the tops" in covers and "shapes recorded" not in covers, covers
+    assert "N 512..1024; odd lengths beside the tops" in run.stdout, run.stdout  # what the run covers, said once
+    assert "wrote 2 of 2 entries" in run.stdout and "covers" not in data["header"], run.stdout
     empty = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--n-min", "2048", "--n-max", "1024",
                             "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert empty.returncode == 2 and "no bucket between" in empty.stderr, empty.stderr
@@ -284,7 +274,7 @@ def test_tuner_exact_lengths_are_stored_under_their_bucket(tmp_path):
     (table,) = out.rglob("*.yaml")
     data = yaml.safe_load(table.read_text())
     assert set(data["entries"]["fused"]["float32"]) == {4, 1024}  # the buckets of 3 and 700
-    assert any("N 3/700" in c for c in data["header"]["covers"])
+    assert "N 3/700" in run.stdout, run.stdout
     bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--n", "0", "--out", str(out)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--n" in bad.stderr
@@ -321,9 +311,8 @@ def test_tuner_lengths_in_one_bucket_give_one_entry(tmp_path, up_to):
     key = 400 if up_to else 512
     assert set(data["entries"]["fused"]["float32"]) == {key}
     assert set(data["entries"]["fused"]["float32"][key]) == {4}
-    (covers,) = data["header"]["covers"]
-    assert "N 300/400" in covers and "recorded" not in covers, covers
-    assert ("entries up to the longest length" in covers) == up_to, covers
+    assert "N 300/400" in run.stdout, run.stdout
+    assert ("entries up to the longest length" in run.stdout) == up_to, run.stdout
     assert ("bucket 512 (entry up to 400): " in run.stdout) == up_to, run.stdout
     if up_to:
         bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--up-to", "--out", str(out)],
@@ -468,8 +457,8 @@ def test_shipped_tables_are_inside_the_wheel_and_found_from_it(tmp_path):
 
 def test_entries_record_a_kernel_timer_and_lookup_reads_them_as_any_other(tmp_path, monkeypatch):
     cfg = LaunchConfig.make(2, BLOCK=2048, BLOCK_G=64, TILES=1)
-    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 8, cfg, 0.00466)], "test", "kernel")
-    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 1, cfg, 0.0065)], "test")
+    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 8, cfg, 0.00466)], timer="kernel")
+    tuning.record(tmp_path, SM90, [("coop", torch.float16, 131072, 1, cfg, 0.0065)])
     by_m = yaml.safe_load(tuning.table_path(tmp_path, SM90).read_text())["entries"]["coop"]["float16"][131072]
     assert by_m[16]["timer"] == "kernel" and "timer" not in by_m[1]
     monkeypatch.setattr(tuning, "roots", lambda: [tmp_path])

@@ -57,7 +57,7 @@ def record_autotuned(launch) -> None:
         return
     p = launch.problem
     tuning.record(tuning.user_dir(), launch.device, [(launch.family.name, p.dtype, p.N, p.M, launch.config,
-                                                      launch.autotuned_ms)], covers="autotuned on first use")
+                                                      launch.autotuned_ms)])
 
 
 def default_lengths(n_min: int, n_max: int, odd: bool = True) -> list[int]:
@@ -289,13 +289,13 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"N={n} ({M} of {m})" for (n, m), M in sorted(capped.items()))
               + "; each entry is stored under the M bucket of the rows it ran", flush=True)
     print(f"tuning {n_shapes} shapes ({entries}) on {info.name} ({info.backend}/{info.arch}) -> "
-          f"{tuning.table_path(root, info)}", flush=True)
+          f"{tuning.table_path(root, info)}\n  {covers}", flush=True)
 
     family_of = backward_family if args.backward else family
     served = {g: _served_before(root, info, family_of(g[0]), DTYPES[g[1]], max(shapes), args.up_to)
               for g, shapes in groups.items()}
     start = time.time()
-    recorded, done, written_covers = 0, 0, ""
+    recorded, done = 0, 0
     gen = torch.Generator().manual_seed(0)
     modes = policy.launch_modes(policy.policy_for(info))  # the launch modes auto's launches run with
     for group, shapes in groups.items():
@@ -353,14 +353,11 @@ def main(argv: list[str] | None = None) -> int:
                                                   else "not in this run's search space"), flush=True)
         # Written after every entry: a run cut short keeps all it measured. A write costs far less than an
         # entry's tuning.
-        # The covers line says how many entries are in, so a run cut short (or with an entry that found no
-        # config) does not claim what it missed; it becomes the plain line once every entry is.
         recorded += 1
-        progress = covers if recorded == len(groups) else f"{covers} [{recorded} of {len(groups)} entries recorded]"
-        tuning.record(root, info, [(fam.name, dtype, N, M, chosen, timings_by_n[(N, M)][chosen])], progress,
-                      args.timer, written_covers, up_to_n=args.up_to)
-        written_covers = progress
-    print(f"wrote {recorded} entries to {tuning.table_path(root, info)}" if recorded else "no entry written")
+        tuning.record(root, info, [(fam.name, dtype, N, M, chosen, timings_by_n[(N, M)][chosen])],
+                      timer=args.timer, up_to_n=args.up_to)
+    print(f"wrote {recorded} of {len(groups)} entries to {tuning.table_path(root, info)}" if recorded
+          else "no entry written")
     return 0
 
 

@@ -3,8 +3,7 @@
 Layout of a file (``<root>/<backend>/<arch>.yaml``; schema in ``tune_cache/README.md``)::
 
     schema: 1
-    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0,
-             covers: [what each tuner run covered]}
+    header: {device: NVIDIA H200, backend: cuda, arch: sm_90, triton: 3.6.0, torch: 2.11.0}
     entries:
       <family>:
         <dtype>:                # float32 | float16 | bfloat16
@@ -280,31 +279,22 @@ def _locked(path: Path):
         yield
 
 
-def header(device: DeviceInfo, covers: list[str]) -> dict:
+def header(device: DeviceInfo) -> dict:
+    """What a table is for (the device, its backend and arch) and the versions of its last write. It holds no
+    account of the runs that wrote it: each entry carries its own time, timer and triton version."""
     import triton
 
     return {"device": device.name, "backend": device.backend, "arch": device.arch,
-            "triton": triton.__version__, "torch": torch.__version__.split("+")[0],
-            "covers": covers}
-
-
-def _cover_text(item) -> str:
-    """One ``covers`` line as text: a hand-edited line with ": " in it reads back from YAML as a
-    mapping, kept as "key: value" (not as a Python dict's repr)."""
-    if isinstance(item, dict):
-        return ", ".join(f"{k}: {v}" for k, v in item.items())
-    return str(item)
+            "triton": triton.__version__, "torch": torch.__version__.split("+")[0]}
 
 
 def record(root: Path, device: DeviceInfo,
-           results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], covers: str = "",
-           timer: str = "events", replaces: str = "", up_to_n: bool = False) -> Path:
+           results: list[tuple[str, torch.dtype, int, int, LaunchConfig, float | None]], *,
+           timer: str = "events", up_to_n: bool = False) -> Path:
     """Merge ``results`` — (family, dtype, N, M, config, ms) — into ``root``'s file for ``device``,
     each under N's bucket, or with ``up_to_n`` under N itself (an entry for its bucket's rows up to N).
     ``timer``: how ``ms`` was measured; entries timed by kernel time (``tritonsoftmax.kernel_timer``)
     say so (``timer: kernel``), since their ms leave out what do_bench's count in.
-    ``covers`` joins the header's list of what the table covers, in place of ``replaces`` when that
-    line is there (a run that writes as it goes updates its own line).
 
     Atomic and safe against concurrent writers: read-merge-write under an exclusive lock, the new
     file written beside the old one and renamed over it. Returns the file's path.
@@ -319,22 +309,14 @@ def record(root: Path, device: DeviceInfo,
             slot[m_key] = {"config": config.as_dict(), "ms": None if ms is None else round(float(ms), 6),
                            "triton": triton.__version__, **({"timer": timer} if timer != "events" else {})}
         doc["entries"] = entries
-        parts = (doc.get("header") or {}).get("covers") or []
-        parts = [_cover_text(p) for p in (parts if isinstance(parts, list) else [parts])]
-        at = len(parts)
-        if replaces and replaces in parts:
-            at = parts.index(replaces)
-            del parts[at]
-        if covers and covers not in parts:
-            parts.insert(at, covers)
-        doc["header"] = header(device, parts)
 
     return _rewrite(root, device, merge)
 
 
 def _rewrite(root: Path, device: DeviceInfo, merge: Callable[[dict], None]) -> Path:
-    """Read ``root``'s table for ``device``, let ``merge`` change the document in place, write it back: under an
-    exclusive lock, the new file written beside the old one and renamed over it. Returns the file's path."""
+    """Read ``root``'s table for ``device``, let ``merge`` change the document in place, write it back with a fresh
+    header (header(): anything else an older file held there is dropped): under an exclusive lock, the new file
+    written beside the old one and renamed over it. Returns the file's path."""
     path = table_path(root, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
@@ -347,8 +329,8 @@ def _rewrite(root: Path, device: DeviceInfo, merge: Callable[[dict], None]) -> P
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 doc = {}
         doc.setdefault("entries", {})
-        doc.setdefault("header", header(device, []))
         merge(doc)
+        doc["header"] = header(device)
         doc["schema"] = SCHEMA
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
