@@ -28,8 +28,8 @@ MOST_ELEMENTS = 2**28
 def row_lengths() -> list[int]:
     """Powers of two and the lengths around them the rules tell apart: one short, one past, a small tail past,
     halfway to the next; and lengths of real models' rows."""
-    out = {1, 2, 3, 7, 100, 200, 300, 1000, 1152, 4480, 9600, 12000, 16904, 32000, 50257, 50264, 100003, 151936,
-           152064, 132 * 8192}
+    out = {1, 2, 3, 7, 100, 200, 300, 1000, 1152, 4480, 6720, 9024, 9600, 12000, 16904, 32000, 50257, 50264, 100003,
+           151936, 152064, 132 * 8192}
     for k in range(6, 24):
         p = 2**k
         out |= {p, p - 1, p + 1, p + 8, p + p // 64, 3 * p // 2}

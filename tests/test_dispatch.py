@@ -51,8 +51,9 @@ def test_rows_held_with_a_tail_get_a_one_row_config_for_the_held_half(dtype):
     def held(M, N, backward=False, aligned=True, device=SM90):
         return dispatch.held_row_config(dispatch.Shape(M, N, dtype, device, backward, aligned))
 
-    def any_tail(N, backward, aligned=True):  # the policy's held_tails also marks the config HELD
-        return {"HELD": 1} if dispatch.held_tails(dispatch.Shape(4096, N, dtype, SM90, backward, aligned)) else {}
+    def any_tail(N, backward, aligned=True):  # the policy's held_tails (and held_rows) also mark the config HELD
+        shape = dispatch.Shape(4096, N, dtype, SM90, backward, aligned)
+        return {"HELD": 1} if dispatch.held_tails(shape) or dispatch.held_rows_warps(shape) else {}
 
     for N, warps in ((16392, 16), (16896, 16), (8200, 8), (4104, 4), (2056, 2), (2112, 2)):
         for backward in (False, True):
@@ -92,7 +93,7 @@ def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
     bf16, f32 = torch.bfloat16, torch.float32
     assert held(1152, bf16) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1), "1024 + 128: 36 threads"
     assert held(4480, bf16) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1), "4096 + 512"
-    assert held(4480, bf16, backward=True) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1)
+    assert held(4480, bf16, backward=True) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), "held_rows' warps"
     assert held(1152, bf16, backward=True) is None, "the 16-bit backward of 2K blocks: not held"
     assert held(1152, f32, backward=True) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1)
     assert held(9600, f32) == LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, HELD=1)
@@ -104,6 +105,35 @@ def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
         assert held(1152, bf16, device=device)["HELD"] == 1
         assert held(1152, bf16, backward=True, device=device) is None
     assert dispatch.resolve("auto", 4096, 1152, bf16, SM90, False, True, True).config["HELD"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_held_rows_give_many_aligned_rows_up_to_their_length_the_measured_warps(dtype):
+    """The H200 policy's held_rows: the 16-bit forward of rows of the 16K block up to 9216 held as 8192 + a tail on
+    8 warps (not smem's one chunk), the 16-bit backward of rows of the 8K block up to 7360 on 4 warps (rows past
+    6144, whose tail is the half, as the whole block, TAIL 0). Longer rows, rows off 16 bytes, few rows, other
+    dtypes and GPUs without the entry keep the other rules."""
+
+    def shape(M, N, backward=False, aligned=True, device=SM90, dt=dtype):
+        return dispatch.Shape(M, N, dt, device, backward, aligned)
+
+    for N in (8193, 8704, 9024, 9216):
+        assert dispatch.held_row_config(shape(4096, N)) == LaunchConfig.make(8, BLOCK_N=16384, ROWS=1, HELD=1), N
+        assert dispatch.choose(4096, N, dtype, SM90).impl == "fused", N
+    assert dispatch.fused_held(shape(4096, 9024)) == 9216
+    assert constexprs.row_tail(9024, 16384, any_tail=True) == 1024
+    for N in (4480, 6144, 6720, 7360):
+        assert dispatch.held_row_config(shape(4096, N, True)) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), N
+        assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == "fused", N
+    assert constexprs.row_tail(6720, 8192, any_tail=True) == 0, "a tail as long as the half: the whole block"
+    assert dispatch.held_row_config(shape(4096, 9280)) is None
+    assert dispatch.choose(4096, 9280, dtype, SM90).impl == "smem", "past the forward's longest row: smem"
+    assert dispatch.held_row_config(shape(4096, 7361, True)) is None, "past the backward's longest row: the table"
+    assert dispatch.held_rows_warps(shape(4096, 9020, aligned=False)) == 0, "rows off 16 bytes: not measured"
+    assert dispatch.held_row_config(shape(100, 9024)) is None, "few rows"
+    assert dispatch.held_rows_warps(shape(4096, 9024, dt=torch.float32)) == 0, "fp32: held_tails' warps"
+    for device in (SM89, GFX942):  # no held_rows in the default policy
+        assert dispatch.held_rows_warps(shape(4096, 9024, device=device)) == 0
 
 
 def test_held_quarters_hold_rows_past_three_quarters_of_the_block_where_the_policy_says(monkeypatch):
@@ -125,7 +155,7 @@ def test_held_quarters_hold_rows_past_three_quarters_of_the_block_where_the_poli
     assert held(3200) == LaunchConfig.make(4, BLOCK_N=4096, ROWS=1, HELD=2), "2048 + 1024 + 128"
     assert held(6464, aligned=False) is None, "realigned rows: two pieces at most (the tail is the half)"
     assert held(4480)["HELD"] == 1, "past the half but not three quarters: held_tails"
-    assert held(6464, backward=True) is None, "the backward is not in the table"
+    assert held(6464, backward=True) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), "backward: held_rows"
     assert constexprs.row_pieces(1600, 2048)[0] and not dispatch.held_quarters(
         dispatch.Shape(4096, 1600, bf16, SM90, False, True)), "a 2K block: outside the range"
     monkeypatch.setattr(dispatch, "policy_for", real)
@@ -421,13 +451,13 @@ def test_plan_gives_few_fp32_rows_the_cluster_config(monkeypatch):
     (300, 12000, "fused", "smem"), (923, 16384, "fused", "fused"), (924, 16384, "smem", "fused"),
     (600, 16384, "fused", "smem"),
     (300, 24576, "smem", "smem"), (264, 32768, "smem", "smem"), (263, 32768, "split", "coop"),
-    (4096, 8200, "fused", "fused"), (4096, 8704, "smem", "smem"), (4096, 8192, "fused", "fused"),
-    (4096, 12004, "fused", "fused")])
+    (4096, 8200, "fused", "fused"), (4096, 8704, "fused", "smem"), (4096, 9600, "smem", "smem"),
+    (4096, 8192, "fused", "fused"), (4096, 12004, "fused", "fused")])
 def test_many_16bit_rows_of_8k_to_32k_go_to_smem_as_one_chunk(M, N, forward16, backward16):
     """16K-bucket forwards from 7 rows an SM (924 on the H200); 32K forward and backward; 263 rows are few rows;
-    12004 bf16 elements are not whole 16-byte vectors; 8200 is held by fused as 8192 + 8 (held_row_config),
-    8704 has a tail over 1/64 of its block; the backward of 640+ rows of 16384 goes to fused with RELOAD
-    (reload_row_config)."""
+    12004 bf16 elements are not whole 16-byte vectors; 8200 is held by fused as 8192 + 8 (held_row_config), the
+    forward of 8704 as 8192 + 1024 (the policy's held_rows), 9600 is past held_rows' rows; the backward of 640+
+    rows of 16384 goes to fused with RELOAD (reload_row_config)."""
     for dtype in (torch.bfloat16, torch.float16):
         assert dispatch.choose(M, N, dtype, SM90).impl == forward16
         assert dispatch.choose(M, N, dtype, SM90, backward=True).impl == backward16

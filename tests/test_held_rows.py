@@ -43,6 +43,7 @@ def test_without_held_only_small_tails_on_long_blocks():
 HELD_CASES = [
     (torch.float32, 1025, 1), (torch.float16, 1152, 1), (torch.bfloat16, 4480, 1), (torch.float32, 1023, 1),
     (torch.float16, 320, 4), (torch.bfloat16, 65, 8), (torch.float32, 1152, 2), (torch.float32, 2047, 2),
+    (torch.bfloat16, 9024, 1), (torch.float16, 6720, 1),  # the H200's held_rows: 8192 + 1024; a tail of the half
 ]
 
 

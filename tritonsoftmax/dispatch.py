@@ -85,6 +85,14 @@ def held_quarters(s: Shape) -> bool:
     return s.aligned and _blocks_in(s.policy.held_quarters, s) and row_pieces(s.N, block)[0] > 0
 
 
+def held_rows_warps(s: Shape) -> int:
+    """The warps the policy's held_rows gives these rows (on 16-byte boundaries, in a block it names, no longer than
+    that block's longest row), else 0."""
+    table = (s.policy.held_rows or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize, {})
+    entry = table.get(next_power_of_2(s.N))
+    return entry[1] if entry is not None and s.aligned and s.N <= entry[0] else 0
+
+
 def fused_held(s: Shape) -> int:
     """The elements a one-row fused tile holds for these rows, less a small tail: half the block when the kernel
     holds the row as half a block plus a small tail (kernels/constexprs.row_tail), half, a quarter and a tail where
@@ -94,6 +102,8 @@ def fused_held(s: Shape) -> int:
     align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize
     if row_tail(s.N, block, align):
         return block // 2
+    if held_rows_warps(s):
+        return held_length(s.N, block, align, any_tail=True)
     if held_quarters(s):
         return held_length(s.N, block, align, quarter=True)
     return held_length(s.N, block, align, any_tail=held_tails(s))
@@ -104,10 +114,16 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     within fused_capacity): a one-row plain fused config with warps for held_values_per_thread values a thread of
     what it holds (the tuning table's entries were tuned on rows that fill the block, with warps for the whole
     block) — with HELD 2 (half, quarter, tail) where the policy's held_quarters says so, HELD (any tail) where
-    its held_tails does; else for small tails on blocks of held_min_block and up. Else None."""
+    its held_tails does; else for small tails on blocks of held_min_block and up. Where the policy's held_rows names
+    the rows: HELD on its warps, also for rows whose tail is the half (held as the whole block). Else None."""
     block = next_power_of_2(s.N)
     held = fused_held(s)
-    if s.device.backend != "cuda" or few_rows(s) or held == block or held > fused_capacity(s.device):
+    if s.device.backend != "cuda" or few_rows(s) or held > fused_capacity(s.device):
+        return None
+    warps = held_rows_warps(s)
+    if warps:
+        return LaunchConfig.make(warps, BLOCK_N=block, ROWS=1, HELD=1)
+    if held == block:
         return None
     nw = heuristic_warps(s.device, held, per_thread=s.policy.held_values_per_thread, max_warps=32)
     if held_quarters(s):

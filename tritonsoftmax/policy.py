@@ -61,6 +61,10 @@ class Policy:
     # Many rows past three quarters of their block held as half, a quarter and a tail (HELD 2: 6464 as
     # 4096 + 2048 + 512), same form as held_tails; None: off (not yet measured on any GPU).
     held_quarters: dict | None = None
+    # Many rows on 16-byte boundaries of a block up to a length, held as half the block plus any shorter tail (HELD),
+    # on a measured warp count (over held_tails and held_values_per_thread): {"fwd" | "bwd": {bytes: {block:
+    # [longest row, warps]}}}; None: off. The warps a tail wants are not the whole block's.
+    held_rows: dict | None = None
 
     # Measured special cases; None (or empty) leaves the rule out.
     # Many 16-bit forward rows off 16 bytes in this bucket: realigned online.
