@@ -57,6 +57,25 @@ def native_available() -> bool:
     return on
 
 
+def native_fallbacks(step, steps: int = 20) -> str:
+    """How many of ``steps`` calls of ``step`` (a training step) with the C++ launch path on ran their forward and
+    their backward through Python instead, as "forward/backward": a signature C++ holds no plan for falls back to
+    the Python path and pays its host time, which the C++ columns then include."""
+    from tritonsoftmax import native
+
+    native_path(True)
+    before = native.counts()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    after = native.counts()
+    native_path(False)
+    return "/".join(str(after[k] - before[k]) for k in ("forward_misses", "backward_misses"))
+
+
+FALLBACK_STEPS = 20  # the steps native_fallbacks counts, after each shape's timed rounds
+
+
 def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0, native: list[bool] | None = None) -> list[float]:
     """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round, after
     untimed rounds for ``settle_s`` seconds; ``native[i]``: fns[i] runs with the C++ launch path on."""
@@ -192,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         return {k: f for k, f in host_functions(x, dy).items() if with_native or not k.startswith(NATIVE)}
 
     names = list(timed_functions(torch.empty(0), torch.empty(0)))
+    fallbacks = [f"{NATIVE}steps of {FALLBACK_STEPS} through Python (fwd/bwd)"] if with_native else []
     table = ["| shape | dtype | " + " | ".join(f"{n} host µs" for n in names)
-             + " | ours fwd+bwd inside patch_torch() host µs | torch GPU µs | ours GPU µs |",
-             "| " + " | ".join(["---"] * (len(names) + 5)) + " |"]
+             + " | ours fwd+bwd inside patch_torch() host µs | torch GPU µs | ours GPU µs | " + "".join(
+                 f"{f} |" for f in fallbacks),
+             "| " + " | ".join(["---"] * (len(names) + 5 + len(fallbacks))) + " |"]
     print("\n".join(table))
     for index, s in enumerate(args.shapes):
         M, N = map(int, s.split("x"))
@@ -214,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         k = len(names)
         for i, dname in enumerate(args.dtype):
             theirs, ours = fns[k * i:k * i + 2]
-            row = [*host[k * i:k * i + k], host_patched[i], graph_us(theirs), graph_us(ours)]
-            table.append(f"| {M}×{N} | {dname} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+            row = [f"{v:.1f}" for v in (*host[k * i:k * i + k], host_patched[i], graph_us(theirs), graph_us(ours))]
+            if with_native:
+                row.append(native_fallbacks(fns[k * i + names.index(NATIVE + "ours fwd+bwd")], FALLBACK_STEPS))
+            table.append(f"| {M}×{N} | {dname} | " + " | ".join(row) + " |")
             print(table[-1], flush=True)
     info = device_info(torch.device("cuda"))
     out = results_dir(info.slug, "overhead", args.out)
@@ -232,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
              "and backward with our kernels as aten's (torch's own C++ autograd node), timed in its own rounds right "
              "after the others. `C++ launch path`: the same calls with `tritonsoftmax.native` on (its C++ autograd "
              "Function starts the kernels the Python path compiled), switched on and off between the timed runs of "
-             "one round.",
+             f"one round; its last column counts, over {FALLBACK_STEPS} steps after the timed rounds, the forwards and "
+             "backwards that found no C++ plan and ran through Python.",
              "",
              f"Host load (1-minute load average / CPU cores) at the start {load_start} and at the end {busy_host()}: "
              "other work on the host slows every column alike, torch's too.", "", *table]

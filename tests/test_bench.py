@@ -264,6 +264,7 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
     monkeypatch.setattr(overhead, "native_available", lambda: True)
     monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
+    monkeypatch.setattr(overhead, "native_fallbacks", lambda step, steps: f"0/{steps}")
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(device, "device_info", lambda dev=None: SM90)
@@ -273,9 +274,11 @@ def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_
     assert rounds_of == [18, 2, 18, 2], "every dtype's nine functions, then the patched steps, per shape"
     assert natives[0] == ([False] * 7 + [True] * 2) * 2 and natives[1] is None
     assert settles == [3.0, 0.0, 0.0, 0.0], "untimed rounds before the first shape only"
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 7.0 | 8.0 | 0.0 | 99.0 | 99.0 |",
+    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 7.0 | 8.0 | 0.0 | 99.0 | 99.0 "
+                    "| 0/20 |",
                     "| 8×2048 | bfloat16 | 9.0 | 10.0 | 11.0 | 12.0 | 13.0 | 14.0 | 15.0 | 16.0 | 17.0 | 1.0 | 99.0 "
-                    "| 99.0 |"]
+                    "| 99.0 | 0/20 |"]
+    assert "steps of 20 through Python (fwd/bwd) |" in (tmp_path / "summary.md").read_text()
     assert "empty autograd.Function fwd+bwd host µs" in (tmp_path / "summary.md").read_text()
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
@@ -380,3 +383,25 @@ def test_overhead_empty_function_records_and_backpropagates_like_ours():
     assert grad.shape == x.shape and grad.dtype == x.dtype
     y = overhead.EmptyFunction.apply(x.requires_grad_(), -1, None, "auto", 1.0, False, False)
     assert y.grad_fn is not None and y.shape == x.shape
+
+
+def test_overhead_counts_the_steps_that_fell_back_to_python(monkeypatch):
+    """bench.overhead's fallback column: the C++ path's plan misses over the counted steps, forward and backward
+    apart, with the path on while they run and off after."""
+    import torch
+
+    from bench import overhead
+    from tritonsoftmax import native
+
+    counts = {"forward": 0, "backward": 0, "forward_misses": 5, "backward_misses": 7}
+    switched = []
+    monkeypatch.setattr(native, "counts", lambda: dict(counts))
+    monkeypatch.setattr(overhead, "native_path", switched.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def step():  # every backward misses, the forward has its plan
+        counts["forward"] += 1
+        counts["backward_misses"] += 1
+
+    assert overhead.native_fallbacks(step, 20) == "0/20"
+    assert switched == [True, False]
