@@ -347,15 +347,17 @@ def test_fused_i32_tiles_compile_for_sm_90_with_32_bit_offset_arithmetic():
         assert ops(narrow, "add.s64") < ops(plain, "add.s64")
 
 
-def test_fused_rows_in_three_pieces_compile_for_sm_90_and_load_what_they_hold():
-    """MID (half, quarter and tail of an 8192 block: 6656 positions for a row of 6464 bf16) compiles for sm_90
-    forward and backward, one row and two rows a program (the interpreter cannot tell), and loads 6656 / 8192 of
-    what the whole block loads: the quarter's and the tail's loads, none for the block's empty end."""
-    base = {"LOG": 0, "BLOCK_N": 8192}
+@pytest.mark.parametrize("block,mid,tail", [(8192, 2048, 512), (16384, 2048, 1024)], ids=["6464", "10816"])
+def test_fused_rows_in_three_pieces_compile_for_sm_90_and_load_what_they_hold(block, mid, tail):
+    """MID (a row of 6464 bf16 in an 8192 block as 4096 + 2048 + 512 positions; 10816 in 16384 as 8192 + 2048 +
+    1024) compiles for sm_90 forward and backward, one row and two rows a program (the interpreter cannot tell), and
+    loads (half + MID + TAIL) / block of what the whole block loads: the pieces' loads, none for the block's empty
+    end."""
+    base = {"LOG": 0, "BLOCK_N": block}
     kernels = (("_softmax_fused_fwd_kernel", {"ZERO_MASKED": 0}), ("_softmax_fused_bwd_kernel", {}))
     cases = [["fused", name, "bf16", {**base, **extra, "ROWS": rows, **pieces}]
-             for name, extra in kernels for rows in (1, 2) for pieces in ({}, {"MID": 2048, "TAIL": 512})]
+             for name, extra in kernels for rows in (1, 2) for pieces in ({}, {"MID": mid, "TAIL": tail})]
     ptxs = run_compile_script("kernel_compile.py", json.dumps(cases))
     for whole, pieces in zip(ptxs[::2], ptxs[1::2], strict=True):
         loads = [ptx.count("ld.global") for ptx in (whole, pieces)]
-        assert loads[1] * 8192 == loads[0] * 6656, loads
+        assert loads[1] * block == loads[0] * (block // 2 + mid + tail), loads

@@ -136,15 +136,16 @@ def test_held_rows_give_many_aligned_rows_up_to_their_length_the_measured_warps(
         assert dispatch.held_rows_warps(shape(4096, 9024, device=device)) == 0
 
 
-def test_held_quarters_hold_rows_past_three_quarters_of_the_block_where_the_policy_says(monkeypatch):
-    """A policy's held_quarters (no shipped table has one yet) holds many aligned rows past three quarters of their
-    block as half, quarter and tail (HELD 2), with warps for what that holds; rows off 16 bytes, rows the quarter
-    does not shorten and blocks outside its range keep the rules without it."""
+def test_held_pieces_hold_rows_in_three_pieces_where_the_policy_says(monkeypatch):
+    """A policy's held_pieces (no shipped table has one yet) holds many aligned rows as half the block, a power of
+    two and a shorter tail (HELD 2) where that saves positions over half plus one tail, with warps for what that
+    holds; rows off 16 bytes, rows a third piece does not shorten and blocks outside its range keep the rules
+    without it."""
     import dataclasses
 
     real = dispatch.policy_for
     monkeypatch.setattr(dispatch, "policy_for",
-                        lambda dev: dataclasses.replace(real(dev), held_quarters={"fwd": {2: (4096, 8192)}}))
+                        lambda dev: dataclasses.replace(real(dev), held_pieces={"fwd": {2: (4096, 8192)}}))
     bf16 = torch.bfloat16
 
     def held(N, aligned=True, backward=False):
@@ -154,12 +155,13 @@ def test_held_quarters_hold_rows_past_three_quarters_of_the_block_where_the_poli
     assert dispatch.fused_held(dispatch.Shape(4096, 6464, bf16, SM90, False, True)) == 6656
     assert held(3200) == LaunchConfig.make(4, BLOCK_N=4096, ROWS=1, HELD=2), "2048 + 1024 + 128"
     assert held(6464, aligned=False) is None, "realigned rows: two pieces at most (the tail is the half)"
-    assert held(4480)["HELD"] == 1, "past the half but not three quarters: held_tails"
+    assert held(4480) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=2), "4096 + 256 + 128: the row exactly"
+    assert held(6144) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1), "4096 + 2048: two pieces hold it"
     assert held(6464, backward=True) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), "backward: held_rows"
-    assert constexprs.row_pieces(1600, 2048)[0] and not dispatch.held_quarters(
+    assert constexprs.row_pieces(1600, 2048)[0] and not dispatch.held_pieces(
         dispatch.Shape(4096, 1600, bf16, SM90, False, True)), "a 2K block: outside the range"
     monkeypatch.setattr(dispatch, "policy_for", real)
-    assert held(6464) is None, "the shipped sm_90 policy holds no quarters"
+    assert held(6464) is None, "the shipped sm_90 policy holds no three pieces"
 
 
 def test_plan_gives_rows_held_with_a_tail_the_held_config_over_the_tables_entry(monkeypatch):

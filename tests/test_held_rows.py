@@ -66,19 +66,24 @@ def test_fused_held_rows_match_reference(dtype, N, rows, log, padded):
     (3200, 4096, 1, (1024, 128)),
     (1600, 2048, 1, (512, 64)),
     (6464, 8192, 8, (0, 0)),        # realigned rows: two pieces at most (this one none)
-    (3, 4, 1, (0, 1)),              # a block of 4 has no quarter to hold
+    (3, 4, 1, (0, 1)),              # 2 + 1: one tail holds it
+    (4480, 8192, 1, (256, 128)),    # before three quarters: 4096 + 256 + 128, not 4096 + 512
+    (10816, 16384, 1, (2048, 1024)),  # 8192 + 2048 + 1024, not 8192 + 4096
+    (9920, 16384, 1, (0, 2048)),    # 8192 + 1024 + 1024 would hold no fewer than 8192 + 2048
+    (4099, 8192, 1, (2, 1)),        # 4096 + 2 + 1
 ])
-def test_three_pieces_hold_the_row_in_half_a_quarter_and_a_tail(N, block, align, pieces):
+def test_three_pieces_hold_the_row_in_half_a_power_of_two_and_a_tail(N, block, align, pieces):
     assert constexprs.row_pieces(N, block, align) == pieces
     mid, tail = pieces
-    held = constexprs.held_length(N, block, align, quarter=True)
+    held = constexprs.held_length(N, block, align, pieces=True)
     assert held == (block // 2 + mid + tail if mid else block // 2 + tail if tail else block)
     assert held >= -(-N // align) * align
 
 
-# (dtype, N, rows a program): rows past three quarters of their block, one-row and several-row tiles
+# (dtype, N, rows a program): rows past three quarters of their block and before them, one-row and several-row tiles
 THREE_PIECE_CASES = [(torch.float32, 6464, 1), (torch.bfloat16, 3200, 1), (torch.float16, 1600, 2),
-                     (torch.float32, 6145, 2), (torch.bfloat16, 7168, 1), (torch.float32, 100, 4)]
+                     (torch.float32, 6145, 2), (torch.bfloat16, 7168, 1), (torch.float32, 100, 4),
+                     (torch.bfloat16, 10816, 1), (torch.float32, 4480, 2), (torch.float16, 4099, 1)]
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["dense", "padded"])
@@ -86,7 +91,7 @@ THREE_PIECE_CASES = [(torch.float32, 6464, 1), (torch.bfloat16, 3200, 1), (torch
 @pytest.mark.parametrize("dtype,N,rows", THREE_PIECE_CASES,
                          ids=[f"{str(d)[6:]}-{n}-r{r}" for d, n, r in THREE_PIECE_CASES])
 def test_fused_rows_in_three_pieces_match_reference(dtype, N, rows, log, padded):
-    """A HELD 2 config: as the HELD test above, the row held as half, quarter and tail (MID) wherever the launch
+    """A HELD 2 config: as the HELD test above, the row held as half, MID and tail wherever the launch
     can (realigned one-row tiles fall back to two pieces), forward and backward, every element."""
     _check_held(dtype, N, rows, log, padded, 2)
 

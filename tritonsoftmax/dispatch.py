@@ -78,11 +78,12 @@ def held_tails(s: Shape) -> bool:
     return _blocks_in(s.policy.held_tails, s)
 
 
-def held_quarters(s: Shape) -> bool:
-    """The policy's held_quarters holds these rows, past three quarters of their block and on 16-byte boundaries,
-    as half, a quarter and a tail (HELD 2, kernels/constexprs.row_pieces): their block lies in its [least, most]."""
+def held_pieces(s: Shape) -> bool:
+    """The policy's held_pieces holds these rows, on 16-byte boundaries, as half the block, a power of two and a
+    shorter tail (HELD 2, kernels/constexprs.row_pieces) where those three pieces save positions over two: their
+    block lies in its [least, most]."""
     block = next_power_of_2(s.N)
-    return s.aligned and _blocks_in(s.policy.held_quarters, s) and row_pieces(s.N, block)[0] > 0
+    return s.aligned and _blocks_in(s.policy.held_pieces, s) and row_pieces(s.N, block)[0] > 0
 
 
 def held_rows_warps(s: Shape) -> int:
@@ -95,8 +96,8 @@ def held_rows_warps(s: Shape) -> int:
 
 def fused_held(s: Shape) -> int:
     """The elements a one-row fused tile holds for these rows, less a small tail: half the block when the kernel
-    holds the row as half a block plus a small tail (kernels/constexprs.row_tail), half, a quarter and a tail where
-    the policy holds quarters (held_quarters), half plus the tail where it holds any tail (held_tails), else the
+    holds the row as half a block plus a small tail (kernels/constexprs.row_tail), the three pieces where the
+    policy holds them (held_pieces), half plus the tail where it holds any tail (held_tails), else the
     whole block. Rows off 16-byte boundaries count their whole 16-byte groups, as the realigned path holds them."""
     block = next_power_of_2(s.N)
     align = 1 if s.aligned else ALIGN_BYTES // s.dtype.itemsize
@@ -104,8 +105,8 @@ def fused_held(s: Shape) -> int:
         return block // 2
     if held_rows_warps(s):
         return held_length(s.N, block, align, any_tail=True)
-    if held_quarters(s):
-        return held_length(s.N, block, align, quarter=True)
+    if held_pieces(s):
+        return held_length(s.N, block, align, pieces=True)
     return held_length(s.N, block, align, any_tail=held_tails(s))
 
 
@@ -113,7 +114,7 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     """For many rows (CUDA) that the fused kernel holds as half a block plus a tail (fused_held below the block,
     within fused_capacity): a one-row plain fused config with warps for held_values_per_thread values a thread of
     what it holds (the tuning table's entries were tuned on rows that fill the block, with warps for the whole
-    block) — with HELD 2 (half, quarter, tail) where the policy's held_quarters says so, HELD (any tail) where
+    block) — with HELD 2 (half, a power of two, a tail) where the policy's held_pieces says so, HELD (any tail) where
     its held_tails does; else for small tails on blocks of held_min_block and up. Where the policy's held_rows names
     the rows: HELD on its warps, also for rows whose tail is the half (held as the whole block). Else None."""
     block = next_power_of_2(s.N)
@@ -126,7 +127,7 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     if held == block:
         return None
     nw = heuristic_warps(s.device, held, per_thread=s.policy.held_values_per_thread, max_warps=32)
-    if held_quarters(s):
+    if held_pieces(s):
         return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1, HELD=2)
     if held_tails(s):
         return LaunchConfig.make(nw, BLOCK_N=block, ROWS=1, HELD=1)

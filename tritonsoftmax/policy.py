@@ -58,9 +58,10 @@ class Policy:
     # Many rows held as half a block plus any shorter power-of-two tail (HELD: 1152 as 1024 + 128, not 2048), by
     # direction and element size: {"fwd" | "bwd": {bytes: (least block, most block)}}; None: small tails only.
     held_tails: dict | None = None
-    # Many rows past three quarters of their block held as half, a quarter and a tail (HELD 2: 6464 as
-    # 4096 + 2048 + 512), same form as held_tails; None: off (not yet measured on any GPU).
-    held_quarters: dict | None = None
+    # Many rows held as half the block, a power of two and a shorter tail (HELD 2: 6464 as 4096 + 2048 + 512,
+    # 10816 as 8192 + 2048 + 1024) where that holds fewer positions than half plus one tail, same form as
+    # held_tails; None: off (no GPU's measurements turn it on yet).
+    held_pieces: dict | None = None
     # Many rows on 16-byte boundaries of a block up to a length, held as half the block plus any shorter tail (HELD),
     # on a measured warp count (over held_tails and held_values_per_thread): {"fwd" | "bwd": {bytes: {block:
     # [longest row, warps]}}}; None: off. The warps a tail wants are not the whole block's.

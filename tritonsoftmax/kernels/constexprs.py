@@ -95,10 +95,10 @@ def row_tail(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> in
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
 
 
-def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, quarter: bool = False) -> int:
+def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, pieces: bool = False) -> int:
     """The elements a fused tile of block_n holds for a row of N: half the block plus its tail (row_tail), with
-    ``quarter`` half plus a quarter plus its tail where row_pieces gives them, or the whole block."""
-    if quarter:  # HELD 2 (which holds any tail, as HELD 1 does, where no quarter fits)
+    ``pieces`` half plus MID plus TAIL where row_pieces gives three pieces, or the whole block."""
+    if pieces:  # HELD 2 (which holds any tail, as HELD 1 does, where a third piece saves nothing)
         mid, tail = row_pieces(N, block_n, align)
     else:
         mid, tail = 0, row_tail(N, block_n, align, any_tail)
@@ -108,16 +108,19 @@ def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, qu
 
 
 def row_pieces(N: int, block_n: int, align: int = 1) -> tuple[int, int]:
-    """(MID, TAIL) for a config with HELD 2: a row past three quarters of its block held as the first half, the
-    next quarter (MID) and a shorter power-of-two TAIL (6464 in an 8192 block: 4096 + 2048 + 512, not 8192),
-    where the three pieces hold fewer positions than the block; else (0, the HELD 1 tail: row_tail with any_tail).
-    Realigned rows (``align`` > 1) hold two pieces at most."""
-    half, mid = block_n // 2, block_n // 4
-    rest = N - half - mid
-    if align > 1 or rest <= 0 or mid < 2:
+    """(MID, TAIL) for a config with HELD 2: a row past half its block held as the first half, the largest power of
+    two that fits in the rest (MID) and a shorter power-of-two TAIL after it, where those three pieces hold fewer
+    positions than half the block plus one tail (HELD 1): 6464 in an 8192 block as 4096 + 2048 + 512 (not 8192),
+    10816 in 16384 as 8192 + 2048 + 1024 (not 12288), 4480 in 8192 as 4096 + 256 + 128 (not 4608). Else (0, the
+    HELD 1 tail: row_tail with any_tail). Realigned rows (``align`` > 1) hold two pieces at most."""
+    rest = N - block_n // 2
+    if align > 1 or rest <= 0:
         return 0, row_tail(N, block_n, align, any_tail=True)
-    tail = next_power_of_2(rest)
-    return (mid, tail) if tail < mid else (0, 0)
+    mid = 1 << (rest.bit_length() - 1)  # the largest power of two <= rest
+    tail = next_power_of_2(rest - mid)
+    if rest > mid and mid + tail < next_power_of_2(rest):
+        return mid, tail
+    return 0, row_tail(N, block_n, align, any_tail=True)
 
 
 def check_dense(problem: RowProblem, config: LaunchConfig) -> None:

@@ -76,7 +76,7 @@ def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, s
 def _softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
                          LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
-    held_row_lanes; a row's first half, next quarter and tail, MID): input at x_ptr + base + x_*, output at
+    held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
     y_ptr + base + y_*, the same lanes (masked lanes -inf)."""
     z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
     z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
@@ -123,7 +123,7 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
                                cols_t * stride_y_col, mask, mask_t, scale, LOG, ZERO_MASKED)
-        else:  # the first half, the next quarter (MID) and the tail
+        else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
             cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
@@ -226,7 +226,7 @@ def _softmax_fused_fwd_kernel(
     [ROWS, BLOCK_N // 2] plus [ROWS, TAIL] (the launch gives several-row tiles a TAIL only with HELD).
     HELD (a config meta-parameter the kernel does not read): the launch derives TAIL from
     row_tail(any_tail=True), any tail shorter than the half (1152 elements: 1024 + 128), not only small ones;
-    with HELD 2 MID and TAIL from constexprs.row_pieces. MID: 0, or a quarter of BLOCK_N on the plain paths
+    with HELD 2 MID and TAIL from constexprs.row_pieces. MID: 0, or a power of two below BLOCK_N // 2 on the plain paths
     (ALIGN == 1, or several rows): the row is then held as its first half, the next MID elements and a TAIL
     after them (6464: 4096 + 2048 + 512 positions, not 8192).
     I32 (a tuned meta-parameter of several-row tiles): element offsets in 32-bit arithmetic, fewer instructions

@@ -145,7 +145,7 @@ class PreparedLaunch(Launch):
             block_n = meta.get("BLOCK_N", next_power_of_2(self.problem.N))
             held = meta.get("HELD", 0)
             mid = 0
-            if held == 2:  # half, a quarter and a tail where the row passes three quarters of the block
+            if held == 2:  # half, a power of two and a shorter tail where those hold fewer positions
                 mid, tail = row_pieces(self.problem.N, block_n, self.flags.get("ALIGN", 1))
             else:  # several-row tiles hold a tail only when the config asks (HELD); one-row tiles also small ones
                 tail = row_tail(self.problem.N, block_n, self.flags.get("ALIGN", 1), any_tail=bool(held))
