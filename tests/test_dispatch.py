@@ -587,6 +587,38 @@ def test_device_names_and_warp_sizes():
     assert warp_size_for_arch("gfx1201") == 32 and warp_size_for_arch("sm_90") == 32
 
 
+@pytest.mark.parametrize("triton_version,numpy_version,conflict", [
+    ("3.6.0", "2.4.0", True), ("3.6.1+git1a2b", "2.4.6", True), ("3.6.0", "2.3.5", False),
+    ("3.7.0", "2.4.6", False), ("3.9.0", "3.0.0", False), ("3.10.0", "2.4.0", False)])
+def test_interpreter_says_when_its_triton_and_numpy_cannot_run_the_kernels(triton_version, numpy_version, conflict,
+                                                                           monkeypatch):
+    """triton 3.6's interpreter calls int() on one-element arrays, which numpy 2.4 refuses: that pair is named with
+    the fix, warned once when the interpreter's device is first asked for, and every other pair passes."""
+    import warnings
+
+    import numpy
+    import triton
+
+    from tritonsoftmax import device
+
+    why = device.interpreter_numpy_conflict(triton_version, numpy_version)
+    assert (why is not None) == conflict
+    if conflict:
+        assert triton_version in why and numpy_version in why and "numpy<2.4" in why
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    device._check_interpreter_numpy.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            device.device_info(torch.device("cpu"))
+            device.device_info(torch.device("cpu"))
+        assert [str(w.message) for w in seen] == ([f"tritonsoftmax: {why}"] if conflict else [])
+    finally:
+        device._check_interpreter_numpy.cache_clear()
+
+
 @pytest.mark.parametrize("N,fp32,bf16", [
     (4097, "fused", "fused"), (8193, "fused", "fused"), (12345, "fused", "fused"), (16383, "fused", "fused"),
     (16385, "fused", "fused"), (20001, "fused", "online"), (32767, "fused", "online"), (32769, "coop", "online"),

@@ -59,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {info.name} backend={info.backend} arch={info.arch} warp={info.warp_size} "
           f"SMs={info.sm_count} regs/SM={info.regs_per_sm}")
     if not on_gpu:
+        import numpy
+
+        from tritonsoftmax.device import interpreter_numpy_conflict
+
+        why = interpreter_numpy_conflict(triton.__version__, numpy.__version__)
+        if why:
+            print(f"cannot run the kernels under the Triton interpreter: {why}")
+            return 1
         print("no GPU: running the kernels under the Triton interpreter (correctness only, no speed)")
     failures = 0
     if args.native and not native.enable():

@@ -7,7 +7,9 @@ Everything else receives a :class:`DeviceInfo`, so tests can hand in a synthetic
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +63,39 @@ class DeviceInfo:
 def interpreter_active() -> bool:
     """True when Triton kernels run on the CPU under ``TRITON_INTERPRET=1``."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "2.4.0rc1" -> (2, 4, 0), "3.6.0+git" -> (3, 6, 0)."""
+    out = []
+    for part in version.split("+")[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def interpreter_numpy_conflict(triton_version: str, numpy_version: str) -> str | None:
+    """Why the Triton interpreter of ``triton_version`` cannot run these kernels with ``numpy_version``, or None.
+    triton 3.6's interpreter turns a one-element array into a Python int with ``int()``, which numpy 2.4 refuses
+    for arrays of one dimension or more, so every loop bound or index a kernel computes fails; triton 3.7 on
+    converts such arrays itself."""
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"triton {triton_version}'s interpreter fails with numpy {numpy_version} (int() of a one-element "
+                "array, which numpy 2.4 refuses): install numpy<2.4, or triton>=3.7")
+    return None
+
+
+@functools.cache
+def _check_interpreter_numpy() -> None:
+    """Warn once when this process's triton and numpy cannot run the kernels under the interpreter."""
+    import numpy
+    import triton
+
+    why = interpreter_numpy_conflict(triton.__version__, numpy.__version__)
+    if why:
+        warnings.warn(f"tritonsoftmax: {why}", RuntimeWarning, stacklevel=3)
 
 
 def warp_size_for_arch(arch: str) -> int:
@@ -129,5 +164,7 @@ def cuda_index(device: torch.device) -> int:
 def device_info(device: torch.device) -> DeviceInfo:
     """The :class:`DeviceInfo` of a tensor's device (cached per device; CPU means the interpreter)."""
     if device.type == "cpu":
+        if interpreter_active():
+            _check_interpreter_numpy()
         return INTERPRETER
     return _gpu_info(cuda_index(device))
