@@ -66,9 +66,15 @@ def few_rows(s: Shape) -> bool:
     return s.M < s.policy.few_rows_per_sm * s.device.sm_count
 
 
+def _for_shape(table: dict | None, s: Shape):
+    """A policy table's value for these rows' direction and element size ({"fwd" | "bwd": {element bytes: value}}),
+    None where it has none."""
+    return (table or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize)
+
+
 def _blocks_in(table: dict | None, s: Shape) -> bool:
     """A policy table {"fwd" | "bwd": {element bytes: (least block, most block)}} holds these rows' block."""
-    blocks = (table or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize)
+    blocks = _for_shape(table, s)
     return blocks is not None and blocks[0] <= next_power_of_2(s.N) <= blocks[1]
 
 
@@ -89,8 +95,7 @@ def held_pieces(s: Shape) -> bool:
 def held_rows_warps(s: Shape) -> int:
     """The warps the policy's held_rows gives these rows (on 16-byte boundaries, in a block it names, no longer than
     that block's longest row), else 0."""
-    table = (s.policy.held_rows or {}).get("bwd" if s.backward else "fwd", {}).get(s.dtype.itemsize, {})
-    entry = table.get(next_power_of_2(s.N))
+    entry = (_for_shape(s.policy.held_rows, s) or {}).get(next_power_of_2(s.N))
     return entry[1] if entry is not None and s.aligned and s.N <= entry[0] else 0
 
 

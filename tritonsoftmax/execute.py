@@ -318,13 +318,17 @@ def backward_torch(dy: torch.Tensor, y: torch.Tensor, dim: int, scale: float | t
 def prepared_entry(x: torch.Tensor, dim: int, dtype: torch.dtype | None, impl: str, log: bool,
                    zero_masked: bool):
     """The launch a warm forward of this signature starts (with no tensor of scales), None where none is kept."""
-    hit = _prepared.get(_signature(x, dim, dtype, impl, log, zero_masked))
-    return None if hit is None else hit[2]
+    return _kept_launch(_signature(x, dim, dtype, impl, log, zero_masked))
 
 
 def prepared_backward_entry(y: torch.Tensor, dim: int, impl: str, log: bool):
     """The launch a warm backward of this signature starts (a float scale), None where none is kept."""
-    hit = _prepared.get(_backward_signature(y, dim, impl, log))
+    return _kept_launch(_backward_signature(y, dim, impl, log))
+
+
+def _kept_launch(key: tuple):
+    """The prepared launch remembered under ``key`` (the last of its _prepared entry), or None."""
+    hit = _prepared.get(key)
     return None if hit is None else hit[2]
 
 
