@@ -93,7 +93,8 @@ def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
     bf16, f32 = torch.bfloat16, torch.float32
     assert held(1152, bf16) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1), "1024 + 128: 36 threads"
     assert held(4480, bf16) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1), "4096 + 512"
-    assert held(4480, bf16, backward=True) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), "held_rows' warps"
+    assert held(4480, bf16, backward=True) == LaunchConfig.make(8, BLOCK_N=8192, ROWS=1, HELD=1), "below held_rows"
+    assert held(4800, bf16, backward=True) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), "held_rows' warps"
     assert held(1152, bf16, backward=True) is None, "the 16-bit backward of 2K blocks: not held"
     assert held(1152, f32, backward=True) == LaunchConfig.make(2, BLOCK_N=2048, ROWS=1, HELD=1)
     assert held(9600, f32) == LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, HELD=1)
@@ -109,10 +110,10 @@ def test_held_tails_hold_any_tail_in_the_policys_blocks_only():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_held_rows_give_many_aligned_rows_up_to_their_length_the_measured_warps(dtype):
-    """The H200 policy's held_rows: the 16-bit forward of rows of the 16K block up to 9216 held as 8192 + a tail on
-    8 warps (not smem's one chunk), the 16-bit backward of rows of the 8K block up to 7360 on 4 warps (rows past
-    6144, whose tail is the half, as the whole block, TAIL 0). Longer rows, rows off 16 bytes, few rows, other
-    dtypes and GPUs without the entry keep the other rules."""
+    """The H200 policy's held_rows: the 16-bit forward of rows of 8193-9216 held as 8192 + a tail on 8 warps (not
+    smem's one chunk), the 16-bit backward of rows of 4800-7360 on 4 warps (rows past 6144, whose tail is the half,
+    as the whole block, TAIL 0). Shorter and longer rows, rows off 16 bytes, few rows, other dtypes and GPUs
+    without the entry keep the other rules."""
 
     def shape(M, N, backward=False, aligned=True, device=SM90, dt=dtype):
         return dispatch.Shape(M, N, dt, device, backward, aligned)
@@ -122,13 +123,15 @@ def test_held_rows_give_many_aligned_rows_up_to_their_length_the_measured_warps(
         assert dispatch.choose(4096, N, dtype, SM90).impl == "fused", N
     assert dispatch.fused_held(shape(4096, 9024)) == 9216
     assert constexprs.row_tail(9024, 16384, any_tail=True) == 1024
-    for N in (4480, 6144, 6720, 7360):
+    for N in (4800, 6144, 6720, 7360):
         assert dispatch.held_row_config(shape(4096, N, True)) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1), N
         assert dispatch.choose(4096, N, dtype, SM90, backward=True).impl == "fused", N
     assert constexprs.row_tail(6720, 8192, any_tail=True) == 0, "a tail as long as the half: the whole block"
     assert dispatch.held_row_config(shape(4096, 9280)) is None
     assert dispatch.choose(4096, 9280, dtype, SM90).impl == "smem", "past the forward's longest row: smem"
     assert dispatch.held_row_config(shape(4096, 7361, True)) is None, "past the backward's longest row: the table"
+    assert dispatch.held_rows_warps(shape(4096, 4792, True)) == 0, "short of the backward's shortest row"
+    assert dispatch.held_row_config(shape(4096, 4480, True)).num_warps == 8, "held_tails' warps"
     assert dispatch.held_rows_warps(shape(4096, 9020, aligned=False)) == 0, "rows off 16 bytes: not measured"
     assert dispatch.held_row_config(shape(100, 9024)) is None, "few rows"
     assert dispatch.held_rows_warps(shape(4096, 9024, dt=torch.float32)) == 0, "fp32: held_tails' warps"

@@ -93,10 +93,10 @@ def held_pieces(s: Shape) -> bool:
 
 
 def held_rows_warps(s: Shape) -> int:
-    """The warps the policy's held_rows gives these rows (on 16-byte boundaries, in a block it names, no longer than
-    that block's longest row), else 0."""
+    """The warps the policy's held_rows gives these rows (on 16-byte boundaries, in a block it names, between that
+    block's shortest and longest row), else 0."""
     entry = (_for_shape(s.policy.held_rows, s) or {}).get(next_power_of_2(s.N))
-    return entry[1] if entry is not None and s.aligned and s.N <= entry[0] else 0
+    return entry[2] if entry is not None and s.aligned and entry[0] <= s.N <= entry[1] else 0
 
 
 def fused_held(s: Shape) -> int:

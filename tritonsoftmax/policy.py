@@ -62,9 +62,9 @@ class Policy:
     # 10816 as 8192 + 2048 + 1024) where that holds fewer positions than half plus one tail, same form as
     # held_tails; None: off (no GPU's measurements turn it on yet).
     held_pieces: dict | None = None
-    # Many rows on 16-byte boundaries of a block up to a length, held as half the block plus any shorter tail (HELD),
-    # on a measured warp count (over held_tails and held_values_per_thread): {"fwd" | "bwd": {bytes: {block:
-    # [longest row, warps]}}}; None: off. The warps a tail wants are not the whole block's.
+    # Many rows on 16-byte boundaries of a block between two lengths, held as half the block plus any shorter tail
+    # (HELD), on a measured warp count (over held_tails and held_values_per_thread): {"fwd" | "bwd": {bytes: {block:
+    # [shortest row, longest row, warps]}}}; None: off. The warps a tail wants are not the whole block's.
     held_rows: dict | None = None
 
     # Measured special cases; None (or empty) leaves the rule out.
