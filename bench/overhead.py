@@ -20,6 +20,7 @@ DIR (default bench/results/<gpu>/overhead/).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -38,14 +39,20 @@ def host_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def native_path(on: bool) -> None:
-    """The C++ launch path on (its plans kept across switches) or off: the columns marked C++ time it on."""
-    from tritonsoftmax import native
+@contextlib.contextmanager
+def launch_path(native_on: bool, patched: bool):
+    """The path a column times: the C++ launch path on (its plans kept across switches) or off, inside
+    patch_torch() or not; both are entered before and left after each timed run."""
+    from tritonsoftmax import native, patch_torch
 
-    if on:
+    if native_on:
         native.enable()
-    else:
-        native.disable(forget_plans=False)
+    try:
+        with patch_torch() if patched else contextlib.nullcontext():
+            yield
+    finally:
+        if native_on:
+            native.disable(forget_plans=False)
 
 
 def native_available() -> bool:
@@ -57,37 +64,38 @@ def native_available() -> bool:
     return on
 
 
-def native_fallbacks(step, steps: int = 20) -> str:
-    """How many of ``steps`` calls of ``step`` (a training step) with the C++ launch path on ran their forward and
-    their backward through Python instead, as "forward/backward": a signature C++ holds no plan for falls back to
-    the Python path and pays its host time, which the C++ columns then include."""
+def native_fallbacks(step, steps: int = 20, patched: bool = False) -> str:
+    """How many of ``steps`` calls of ``step`` (a training step) with the C++ launch path on (inside patch_torch()
+    where ``patched``) ran their forward and their backward through Python instead, as "forward/backward": a
+    signature C++ holds no plan for falls back to the Python path and pays its host time, which the C++ columns
+    then include."""
     from tritonsoftmax import native
 
-    native_path(True)
-    before = native.counts()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    after = native.counts()
-    native_path(False)
+    with launch_path(True, patched):
+        before = native.counts()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        after = native.counts()
     return "/".join(str(after[k] - before[k]) for k in ("forward_misses", "backward_misses"))
 
 
 FALLBACK_STEPS = 20  # the steps native_fallbacks counts, after each shape's timed rounds
 
 
-def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0, native: list[bool] | None = None) -> list[float]:
+def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0,
+                        paths: list[tuple[bool, bool]] | None = None) -> list[float]:
     """The median host time of each of ``fns`` over ``rounds`` rounds, order reversed every other round, after
-    untimed rounds for ``settle_s`` seconds; ``native[i]``: fns[i] runs with the C++ launch path on."""
-    native = native or [False] * len(fns)
+    untimed rounds for ``settle_s`` seconds; ``paths[i]``: fns[i] runs on launch_path(*paths[i])."""
+    paths = paths or [(False, False)] * len(fns)
 
     def timed(i, calls):
-        native_path(native[i])
-        if calls:
-            for _ in range(calls):
-                fns[i]()
-            return 0.0
-        return host_us(fns[i])
+        with launch_path(*paths[i]):
+            if calls:
+                for _ in range(calls):
+                    fns[i]()
+                return 0.0
+            return host_us(fns[i])
 
     for i in range(len(fns)):
         timed(i, 200)
@@ -100,7 +108,6 @@ def interleaved_host_us(fns: list, rounds: int, settle_s: float = 0.0, native: l
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
             times[i].append(timed(i, 0))
-    native_path(False)
     return [statistics.median(t) for t in times]
 
 
@@ -176,12 +183,20 @@ def host_functions(x: torch.Tensor, dy: torch.Tensor) -> dict:
         "ours fwd+bwd through the operator": step(lambda t: op(t, -1, None, "auto", 1.0, False, False)),
         "empty autograd.Function fwd+bwd": step(lambda t: EmptyFunction.apply(t, -1, None, "auto", 1.0, False,
                                                                               False)),
+        "ours fwd+bwd" + PATCHED: step(lambda t: torch.softmax(t, -1)),  # torch's autograd node, our kernels
         NATIVE + "ours": lambda: tritonsoftmax.softmax(x),
         NATIVE + "ours fwd+bwd": step(tritonsoftmax.softmax),  # the C++ autograd Function
+        NATIVE + "ours fwd+bwd" + PATCHED: step(lambda t: torch.softmax(t, -1)),  # torch's node, C++ kernels
     }
 
 
 NATIVE = "C++ launch path: "  # host_functions' columns timed with tritonsoftmax.native on
+PATCHED = " inside patch_torch()"  # ... and those timed inside the block
+
+
+def column_path(name: str) -> tuple[bool, bool]:
+    """launch_path's arguments for a host_functions column: (C++ launch path on, inside patch_torch())."""
+    return name.startswith(NATIVE), name.endswith(PATCHED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     from tritonsoftmax.device import device_info
 
     load_start = busy_host()
-    import tritonsoftmax
 
     with_native = native_available()
 
@@ -211,33 +225,32 @@ def main(argv: list[str] | None = None) -> int:
         return {k: f for k, f in host_functions(x, dy).items() if with_native or not k.startswith(NATIVE)}
 
     names = list(timed_functions(torch.empty(0), torch.empty(0)))
-    fallbacks = [f"{NATIVE}steps of {FALLBACK_STEPS} through Python (fwd/bwd)"] if with_native else []
-    table = ["| shape | dtype | " + " | ".join(f"{n} host µs" for n in names)
-             + " | ours fwd+bwd inside patch_torch() host µs | torch GPU µs | ours GPU µs | " + "".join(
-                 f"{f} |" for f in fallbacks),
-             "| " + " | ".join(["---"] * (len(names) + 5 + len(fallbacks))) + " |"]
+    fallbacks = [f"{NATIVE}steps of {FALLBACK_STEPS} through Python (fwd/bwd)",
+                 f"{NATIVE}steps of {FALLBACK_STEPS}{PATCHED} through Python (fwd/bwd)"] if with_native else []
+    table = ["| shape | dtype | " + " | ".join(f"{n} host µs" for n in names) + " | torch GPU µs | ours GPU µs | "
+             + "".join(f"{f} |" for f in fallbacks),
+             "| " + " | ".join(["---"] * (len(names) + 4 + len(fallbacks))) + " |"]
     print("\n".join(table))
     for index, s in enumerate(args.shapes):
         M, N = map(int, s.split("x"))
         settle = args.settle if index == 0 else 0.0
-        fns, patched, native = [], [], []
+        fns, paths = [], []
         for dname in args.dtype:
             dtype = getattr(torch, dname)
             x, dy = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
             fns += timed_functions(x, dy).values()
-            native += [n.startswith(NATIVE) for n in names]
-            patched.append(grad_step(lambda t: torch.softmax(t, -1), x, dy))  # timed inside patch_torch()
+            paths += [column_path(n) for n in names]
         if settle:
             print(f"(untimed rounds for {settle:g} s first)", file=sys.stderr, flush=True)
-        host = interleaved_host_us(fns, args.rounds, settle, native)
-        with tritonsoftmax.patch_torch():  # its own rounds, straight after: inside the block torch's softmax is ours
-            host_patched = interleaved_host_us(patched, args.rounds, 0.0)
+        host = interleaved_host_us(fns, args.rounds, settle, paths)
         k = len(names)
         for i, dname in enumerate(args.dtype):
             theirs, ours = fns[k * i:k * i + 2]
-            row = [f"{v:.1f}" for v in (*host[k * i:k * i + k], host_patched[i], graph_us(theirs), graph_us(ours))]
+            row = [f"{v:.1f}" for v in (*host[k * i:k * i + k], graph_us(theirs), graph_us(ours))]
             if with_native:
-                row.append(native_fallbacks(fns[k * i + names.index(NATIVE + "ours fwd+bwd")], FALLBACK_STEPS))
+                for column in ("ours fwd+bwd", "ours fwd+bwd" + PATCHED):
+                    row.append(native_fallbacks(fns[k * i + names.index(NATIVE + column)], FALLBACK_STEPS,
+                                                patched=column.endswith(PATCHED)))
             table.append(f"| {M}×{N} | {dname} | " + " | ".join(row) + " |")
             print(table[-1], flush=True)
     info = device_info(torch.device("cuda"))
@@ -252,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
              "`torch.compile` calls; `ours`: the plain eager call; `empty autograd.Function`: a Function "
              "shaped like ours that only allocates (no kernel), the autograd machinery's own host time; "
              "`inside patch_torch()`: torch.softmax's forward "
-             "and backward with our kernels as aten's (torch's own C++ autograd node), timed in its own rounds right "
-             "after the others. `C++ launch path`: the same calls with `tritonsoftmax.native` on (its C++ autograd "
-             "Function starts the kernels the Python path compiled), switched on and off between the timed runs of "
-             f"one round; its last column counts, over {FALLBACK_STEPS} steps after the timed rounds, the forwards and "
-             "backwards that found no C++ plan and ran through Python.",
+             "and backward with our kernels as aten's (torch's own C++ autograd node). `C++ launch path`: the same "
+             "calls with `tritonsoftmax.native` on (its C++ autograd Function, and inside patch_torch() its C++ aten "
+             "kernels, start the kernels the Python path compiled). The C++ path and the block are entered before "
+             "and left after each timed run, so every column shares every round. The last columns count, over "
+             f"{FALLBACK_STEPS} steps after the timed rounds, the forwards and backwards that found no C++ plan and "
+             "ran through Python.",
              "",
              f"Host load (1-minute load average / CPU cores) at the start {load_start} and at the end {busy_host()}: "
              "other work on the host slows every column alike, torch's too.", "", *table]

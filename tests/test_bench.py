@@ -1,5 +1,6 @@
 """The benchmark sweep runs end to end (on the CPU under the interpreter) and merges its parts."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -244,41 +245,43 @@ def test_overhead_settle_rounds_are_not_counted(monkeypatch):
 
 def test_overhead_times_every_dtype_in_the_same_rounds(monkeypatch, capsys, tmp_path):
     """bench.overhead --dtype a b: one set of interleaved rounds holds every dtype's functions (so that the process's
-    drift in host speed falls on all alike), each dtype's row reports its own nine host times (the seventh: an
-    autograd.Function that launches nothing; the last two: the C++ launch path, timed with it on), and summary.md
-    starts with the command and holds the table."""
+    drift in host speed falls on all alike), each dtype's row reports its own eleven host times (the seventh: an
+    autograd.Function that launches nothing; the eighth and the last: inside patch_torch(); the last three: the C++
+    launch path, timed with it on), and summary.md starts with the command and holds the table."""
     import torch
     from synthetic_devices import SM90
 
     from bench import overhead
     from tritonsoftmax import device
 
-    rounds_of, settles, natives = [], [], []
+    rounds_of, settles, paths_of = [], [], []
 
-    def interleaved(fns, rounds, settle_s, native=None):
+    def interleaved(fns, rounds, settle_s, paths=None):
         rounds_of.append(len(fns))
         settles.append(settle_s)
-        natives.append(native)
+        paths_of.append(paths)
         return [float(i) for i in range(len(fns))]
 
     monkeypatch.setattr(overhead, "interleaved_host_us", interleaved)
     monkeypatch.setattr(overhead, "native_available", lambda: True)
     monkeypatch.setattr(overhead, "graph_us", lambda fn: 99.0)
-    monkeypatch.setattr(overhead, "native_fallbacks", lambda step, steps: f"0/{steps}")
+    monkeypatch.setattr(overhead, "native_fallbacks", lambda step, steps, patched: f"{int(patched)}/{steps}")
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: torch.empty(0, dtype=dtype))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(device, "device_info", lambda dev=None: SM90)
     args = ["--shapes", "8x2048", "32x8192", "--dtype", "float32", "bfloat16", "--out", str(tmp_path)]
     assert overhead.main(args) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 8×2048")]
-    assert rounds_of == [18, 2, 18, 2], "every dtype's nine functions, then the patched steps, per shape"
-    assert natives[0] == ([False] * 7 + [True] * 2) * 2 and natives[1] is None
-    assert settles == [3.0, 0.0, 0.0, 0.0], "untimed rounds before the first shape only"
-    assert rows == ["| 8×2048 | float32 | 0.0 | 1.0 | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 7.0 | 8.0 | 0.0 | 99.0 | 99.0 "
-                    "| 0/20 |",
-                    "| 8×2048 | bfloat16 | 9.0 | 10.0 | 11.0 | 12.0 | 13.0 | 14.0 | 15.0 | 16.0 | 17.0 | 1.0 | 99.0 "
-                    "| 99.0 | 0/20 |"]
+    assert rounds_of == [22, 22], "every dtype's eleven functions in one set of rounds, per shape"
+    one = [(False, False)] * 7 + [(False, True), (True, False), (True, False), (True, True)]
+    assert paths_of[0] == one * 2, "(C++ launch path, inside patch_torch()) by column"
+    assert settles == [3.0, 0.0], "untimed rounds before the first shape only"
+    assert rows == ["| 8×2048 | float32 | " + " | ".join(f"{float(i)}" for i in range(11)) + " | 99.0 | 99.0 "
+                    "| 0/20 | 1/20 |",
+                    "| 8×2048 | bfloat16 | " + " | ".join(f"{float(i)}" for i in range(11, 22)) + " | 99.0 "
+                    "| 99.0 | 0/20 | 1/20 |"]
     assert "steps of 20 through Python (fwd/bwd) |" in (tmp_path / "summary.md").read_text()
+    assert "C++ launch path: ours fwd+bwd inside patch_torch() host µs" in (tmp_path / "summary.md").read_text()
     assert "empty autograd.Function fwd+bwd host µs" in (tmp_path / "summary.md").read_text()
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith(f"Command: `python -m bench.overhead {' '.join(args)}`")
@@ -387,7 +390,7 @@ def test_overhead_empty_function_records_and_backpropagates_like_ours():
 
 def test_overhead_counts_the_steps_that_fell_back_to_python(monkeypatch):
     """bench.overhead's fallback column: the C++ path's plan misses over the counted steps, forward and backward
-    apart, with the path on while they run and off after."""
+    apart, with the path on (and inside patch_torch() where asked) while they run and off after."""
     import torch
 
     from bench import overhead
@@ -395,8 +398,15 @@ def test_overhead_counts_the_steps_that_fell_back_to_python(monkeypatch):
 
     counts = {"forward": 0, "backward": 0, "forward_misses": 5, "backward_misses": 7}
     switched = []
+
+    @contextlib.contextmanager
+    def path(native_on, patched):
+        switched.append((native_on, patched))
+        yield
+        switched.append("off")
+
     monkeypatch.setattr(native, "counts", lambda: dict(counts))
-    monkeypatch.setattr(overhead, "native_path", switched.append)
+    monkeypatch.setattr(overhead, "launch_path", path)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
     def step():  # every backward misses, the forward has its plan
@@ -404,4 +414,5 @@ def test_overhead_counts_the_steps_that_fell_back_to_python(monkeypatch):
         counts["backward_misses"] += 1
 
     assert overhead.native_fallbacks(step, 20) == "0/20"
-    assert switched == [True, False]
+    assert switched == [(True, False), "off"]
+    assert overhead.native_fallbacks(step, 3, patched=True) == "0/3" and switched[2:] == [(True, True), "off"]

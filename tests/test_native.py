@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from conftest import HAS_GPU
+from conftest import DEVICE, HAS_GPU
 from softmax_ref import TOL, random_input
 
 import tritonsoftmax
@@ -226,3 +226,63 @@ def test_calls_cxx_cannot_take_stay_on_the_python_path(monkeypatch):
     assert fake.calls == []
     with pytest.raises(ValueError, match="unknown impl"):
         tritonsoftmax.softmax(x, impl="nope")
+
+
+@pytest.fixture
+def cxx_kernels(built, monkeypatch):
+    """The extension as patch_torch() finds it with the C++ launch path on; without a CUDA driver (the CPU under the
+    Triton interpreter) its aten kernels find no plan for CPU tensors and run the Python implementations."""
+    monkeypatch.setattr(native, "module", native.load())
+    yield native
+    native.forget()
+
+
+def test_patch_torch_with_the_cxx_path_registers_cxx_kernels_for_aten(cxx_kernels):
+    """With the C++ launch path on, patch_torch() gives aten's softmax operators C++ kernels: every softmax and
+    log_softmax torch computes inside the block reaches them (counted by C++, forward and backward: a launch where a
+    plan serves the call, else a call into Python), results and gradients match float64, a float32 output of a
+    16-bit input (half_to_float) and float64 go through Python, and on exit, also by an exception, torch's own kernels
+    are back (C++ counts nothing more). On a GPU the second step starts its kernels from C++."""
+    import torch.nn.functional as F
+
+    def total(c):
+        return c["forward"] + c["forward_misses"], c["backward"] + c["backward_misses"]
+
+    target = torch.arange(6, device=DEVICE) * 7
+    for step in range(2):
+        x = random_input((6, 300), torch.float32, DEVICE, seed=step).requires_grad_()
+        xd = x.detach().double().requires_grad_()
+        before = native.counts()
+        with tritonsoftmax.patch_torch():
+            outs = [torch.softmax(x, -1), x.softmax(0), torch.nn.LogSoftmax(dim=1)(x), F.softmin(x, 1)]
+            loss = F.cross_entropy(x, target)
+            (loss + sum(o.sum() * 0.5 for o in outs)).backward()
+        after = native.counts()
+        assert total(after)[0] - total(before)[0] == 5, "four softmaxes and cross_entropy's log_softmax"
+        assert total(after)[1] - total(before)[1] == 5, "their five backwards"
+        if HAS_GPU and step == 1:
+            assert after["forward"] - before["forward"] >= 1 and after["backward"] - before["backward"] >= 1
+        want = [torch.softmax(xd, -1), xd.softmax(0), torch.log_softmax(xd, 1), torch.softmax(-xd, 1)]
+        for got, ref in zip(outs, want, strict=True):
+            torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+        (F.cross_entropy(xd, target) + sum(o.sum() * 0.5 for o in want)).backward()
+        torch.testing.assert_close(x.grad.double(), xd.grad, atol=1e-5, rtol=1e-5)
+
+    x16 = random_input((5, 70), torch.bfloat16, DEVICE, seed=2)
+    d = torch.randn(5, 70, dtype=torch.float64, device=DEVICE)
+    before = native.counts()
+    with tritonsoftmax.patch_torch():
+        y = torch._softmax(x16, -1, True)
+        yd = torch.log_softmax(d, 0)
+    assert y.dtype == torch.float32 and total(native.counts())[0] - total(before)[0] == 2
+    assert (y.double() - torch.softmax(x16.double(), -1)).abs().max().item() <= 1e-6
+    assert torch.allclose(yd, d - torch.logsumexp(d, 0, keepdim=True), atol=1e-15)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with tritonsoftmax.patch_torch():
+            raise RuntimeError("boom")
+    before = native.counts()
+    z = random_input((3, 50), torch.float32, DEVICE, seed=3).requires_grad_()
+    torch.softmax(z, 1).sum().backward()
+    torch.log_softmax(z, 1)
+    assert native.counts() == before, "after the block: torch's kernels"

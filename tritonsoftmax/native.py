@@ -8,7 +8,9 @@ autograd Function whose forward and backward look up a plan (the compiled functi
 and call ``cuLaunchKernel``. It chooses nothing: the first call of a signature runs the Python path (the dispatcher,
 Triton's compile) and this module hands the launch it kept to C++ as a plan; later calls of that signature start
 it from C++. Launch forms it cannot take (several kernels, clusters, AMD) stay on the Python path, and so do calls
-made while a profiler's Triton launch hook is installed (Triton's launcher calls it; C++ would not).
+made while a profiler's Triton launch hook is installed (Triton's launcher calls it; C++ would not). Inside
+``patch_torch()`` the same plans serve torch's own operators: the extension registers C++ kernels for aten's softmax
+operators (patch.py), so that torch's autograd node reaches a C++ launch with no Python between.
 
 The extension is compiled once per torch, Python and source version with the host's C++ compiler (``CXX`` or
 ``c++``) into ``$TRITONSOFTMAX_NATIVE_DIR`` (default ``~/.cache/tritonsoftmax/native``), about 20 s; a build
@@ -110,7 +112,7 @@ def load() -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     sys.modules[NAME] = mod
-    mod.set_backward(_backward_miss, _backward_recorded)
+    mod.set_backward(backward_miss, _backward_recorded)
     return mod
 
 
@@ -220,7 +222,7 @@ def learn_forward(x: torch.Tensor, dim: int, impl: str, log: bool, zero_masked: 
         _offer(x, False, dim % x.dim(), mode, entry, key)
 
 
-def _backward_miss(dy: torch.Tensor, y: torch.Tensor, dim: int, scale: float, mode: int) -> torch.Tensor:
+def backward_miss(dy: torch.Tensor, y: torch.Tensor, dim: int, scale: float, mode: int) -> torch.Tensor:
     """C++'s backward of a signature it has no plan for: the Python path, then its launch handed over."""
     impl, log = _IMPL_OF_MODE[mode & ~3], bool(mode & 2)
     dx = execute.backward(dy, y, dim, impl, scale, log, y.dtype)

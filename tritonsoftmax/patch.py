@@ -9,6 +9,10 @@ registrations are removed and torch's kernels are back.
 
 What our kernels do not take (float64, 0-dim and empty tensors, torch.func transforms) is computed here from
 other torch operators, never by calling the overridden ones (which would call back into this module).
+
+With the C++ launch path on (``tritonsoftmax.native``), the registered kernels are C++'s: a call whose signature
+the Python path has run before starts its kernel from C++, with no Python between torch's autograd node and the
+launch; any other call runs the Python implementations below, which hand their launch to C++ for next time.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import execute
+from . import execute, native
 from .device import interpreter_active
 
 OPERATORS = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data")
@@ -64,6 +68,25 @@ IMPLS = {"_softmax": _forward(False), "_log_softmax": _forward(True),
          "_softmax_backward_data": _backward(False), "_log_softmax_backward_data": _backward(True)}
 
 
+def _native_forward_miss(x: torch.Tensor, dim: int, half_to_float: bool, log: bool) -> torch.Tensor:
+    """C++'s aten::_softmax / _log_softmax for a call no plan serves: ours, then its launch handed to C++."""
+    y = IMPLS["_log_softmax" if log else "_softmax"](x, dim, half_to_float)
+    if not half_to_float and x.dim() > 0:
+        native.learn_forward(x, dim, "auto", log, False, native.MODE_OF_IMPL["auto"] + 2 * log)
+    return y
+
+
+def _native_backward_miss(grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype,
+                          log: bool) -> torch.Tensor:
+    """C++'s aten::_softmax_backward_data / _log_softmax_backward_data for a call no plan serves: ours, then (for
+    a gradient of the output's dtype) its launch handed to C++."""
+    if (native.module is not None and output.is_cuda and output.dim() > 0 and input_dtype == output.dtype
+            and grad.dtype == output.dtype and output.dtype in execute.KERNEL_DTYPES
+            and not execute.functorch_active()):
+        return native.backward_miss(grad, output, dim % output.dim(), 1.0, native.MODE_OF_IMPL["auto"] + 2 * log)
+    return IMPLS["_log_softmax_backward_data" if log else "_softmax_backward_data"](grad, output, dim, input_dtype)
+
+
 @contextlib.contextmanager
 def patch_torch() -> Iterator[None]:
     """Inside the block, every softmax and log_softmax torch computes on a GPU tensor (on a CPU tensor too under
@@ -77,6 +100,14 @@ def patch_torch() -> Iterator[None]:
         ...     loss.backward()
     """
     keys = ["CUDA"] + (["CPU"] if interpreter_active() else [])
+    if native.module is not None:  # C++ kernels: plans C++ starts, else the Python implementations
+        mod = native.module
+        mod.patch_aten(keys, native.MODE_OF_IMPL["auto"], _native_forward_miss, _native_backward_miss)
+        try:
+            yield
+        finally:
+            mod.unpatch_aten()
+        return
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point

@@ -8,6 +8,10 @@
 // returns None (forward) or calls back into Python (backward), which runs the Python path and may add a
 // plan. Nothing here chooses a kernel: plans come from the Python side only.
 //
+// With patch_torch() on top, the same plans serve torch's own operators: aten::_softmax, _log_softmax and their
+// _backward_data get kernels here for the block's lifetime, so that torch's C++ autograd node calls a C++ launch
+// (patch_aten / unpatch_aten); a call no plan serves goes to Python's implementation, which may add one.
+//
 // No CUDA headers: the driver's entry points come from the libcuda already loaded in the process
 // (dlopen RTLD_NOLOAD), the current stream from c10's device-generic Stream::native_handle.
 
@@ -23,6 +27,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -292,6 +297,81 @@ bool add_plan(const at::Tensor& t, bool backward, int64_t dim, int64_t mode, int
   return true;
 }
 
+// ---- aten's softmax operators inside patch_torch() ----
+// Python's implementations for calls no plan serves (set by patch_aten): forward (x, dim, half_to_float, log) and
+// backward (grad, output, dim, input_dtype, log); the mode of the plans they read (auto's, plus 2 for log).
+py::object* aten_forward_miss = nullptr;
+py::object* aten_backward_miss = nullptr;
+int64_t aten_mode = 0;
+std::vector<std::unique_ptr<torch::Library>> aten_libraries;  // one a dispatch key while patched
+
+template <bool Log>
+at::Tensor aten_forward(const at::Tensor& x, int64_t dim, bool half_to_float) {
+  if (!half_to_float && usable(x) && dim >= -x.dim() && dim < x.dim()) {
+    const int64_t d = dim < 0 ? dim + x.dim() : dim;
+    std::shared_ptr<const Plan> p = find(make_key(x, 0, d, aten_mode + 2 * Log));
+    if (p) {
+      at::Tensor y = at::empty_like(x);
+      if (pointers_match(*p, x, y, nullptr)) {
+        start(*p, x, y, nullptr, 1.0);
+        counters[0]++;
+        return y;
+      }
+    }
+  }
+  counters[2]++;
+  py::gil_scoped_acquire gil;
+  return (*aten_forward_miss)(x, dim, half_to_float, Log).cast<at::Tensor>();
+}
+
+template <bool Log>
+at::Tensor aten_backward(const at::Tensor& grad, const at::Tensor& y, int64_t dim, at::ScalarType input_dtype) {
+  if (usable(y) && usable(grad) && input_dtype == y.scalar_type() && grad.scalar_type() == y.scalar_type() &&
+      grad.strides() == y.strides() && dim >= -y.dim() && dim < y.dim()) {
+    const int64_t d = dim < 0 ? dim + y.dim() : dim;
+    std::shared_ptr<const Plan> p = find(make_key(y, 1, d, aten_mode + 2 * Log));
+    if (p && pointers_match(*p, grad, y, &y)) {
+      at::Tensor dx = at::empty_like(y);
+      start(*p, grad, dx, &y, 1.0);
+      counters[1]++;
+      return dx;
+    }
+  }
+  counters[3]++;
+  py::gil_scoped_acquire gil;
+  return (*aten_backward_miss)(grad, y, dim, input_dtype, Log).cast<at::Tensor>();
+}
+
+// Registering over aten's kernels warns that it overrides them: that is the point.
+struct QuietWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+void unpatch_aten() {
+  aten_libraries.clear();  // a Library's destructor removes its kernels: aten's are back
+}
+
+void patch_aten(const std::vector<std::string>& keys, int64_t mode, py::object forward_miss,
+                py::object backward_miss) {
+  unpatch_aten();
+  delete aten_forward_miss;
+  delete aten_backward_miss;
+  aten_forward_miss = new py::object(std::move(forward_miss));
+  aten_backward_miss = new py::object(std::move(backward_miss));
+  aten_mode = mode;
+  QuietWarnings quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  for (const std::string& key : keys) {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::parseDispatchKey(key),
+                                                __FILE__, __LINE__);
+    lib->impl("_softmax", &aten_forward<false>);
+    lib->impl("_log_softmax", &aten_forward<true>);
+    lib->impl("_softmax_backward_data", &aten_backward<false>);
+    lib->impl("_log_softmax_backward_data", &aten_backward<true>);
+    aten_libraries.push_back(std::move(lib));
+  }
+}
+
 void clear() {
   std::lock_guard<std::mutex> g(plans_mutex);
   plans.clear();
@@ -316,6 +396,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_plan", &add_plan);
   m.def("clear", &clear);
   m.def("set_backward", &set_backward);
+  m.def("patch_aten", &patch_aten, "aten's softmax operators on these dispatch keys: plans, else the given Python");
+  m.def("unpatch_aten", &unpatch_aten, "aten's own kernels back");
   m.def("counts", &counts, "(forward launches, backward launches, forward misses, backward misses)");
   m.def("driver_ok", [] { return driver().ok(); }, "whether the loaded libcuda has every entry point used here");
 }
