@@ -604,3 +604,63 @@ def test_auto_runs_the_measured_winner_where_the_family_tuner_measured(tmp_path,
             "smem" if gluon_available() else "fused")
     finally:
         dispatch.clear_cache()
+
+
+def test_held_rows_tuner_picks_the_longest_run_of_one_winning_warp_count():
+    """The held-rows tuner's reading of its times: a length's winner is its fastest warp count where that beats auto
+    by the margin; a block's entry is the longest run of consecutive lengths with one winner (first, last, warps);
+    the measured blocks replace theirs in the policy's held_rows, a block without a run loses its entry."""
+    from tritonsoftmax.tune_held_rows import lengths, longest_run, merged_entries, warp_counts, winner
+
+    assert lengths(8192, 16, 2) == list(range(4352, 8192, 256))
+    assert lengths(64, 4, 2) == [40, 48, 56] and lengths(64, 4, 4) == [40, 48, 56]
+    assert lengths(64, 16, 2) == [40, 48, 56], "no finer than a 16-byte vector"
+    assert warp_counts(1024, [2, 4, 8, 16, 32]) == [2, 4, 8, 16], "at least one element of the half a thread"
+    assert winner({"auto": 1.0, 4: 0.90, 8: 0.95}, 0.02) == 4
+    assert winner({"auto": 1.0, 4: 0.99}, 0.02) is None, "within the margin: auto"
+    assert winner({"auto": 1.0}, 0.02) is None and winner({4: 1.0}, 0.02) is None
+    assert longest_run({4352: None, 4608: 4, 4864: 4, 5120: 8, 5376: 4, 5632: 4, 5888: 4}) == [5376, 5888, 4]
+    assert longest_run({1: 8, 2: None, 3: 4}) == [1, 1, 8], "equal runs: the first"
+    assert longest_run({1: None}) is None
+    current = {"fwd": {2: {16384: (8193, 9216, 8)}}, "bwd": {2: {8192: (4800, 7360, 4)}}}
+    assert merged_entries(current, {("bwd", 2, 8192): None, ("fwd", 4, 2048): [1088, 1920, 2]}) == {
+        "fwd": {2: {16384: [8193, 9216, 8]}, 4: {2048: [1088, 1920, 2]}}}
+    assert current["bwd"][2][8192] == (4800, 7360, 4), "the policy's own value is left alone"
+
+
+def test_held_rows_tuner_times_real_launches_and_writes_the_policy(tmp_path, monkeypatch, capsys):
+    """python -m tritonsoftmax.tune --held-rows runs auto (the rules without held_rows) and the held fused kernel on
+    each warp count at every length (on the CPU: the interpreter's kernels, each checked against float64), and writes
+    what its times say into the table's policy, where the dispatcher reads it: 16-bit dtypes that disagree at a
+    length give no winner there. The times here are scripted over the real measurements."""
+    from tritonsoftmax import dispatch, policy, tune, tune_held_rows
+    from tritonsoftmax.device import device_info
+
+    if DEVICE != "cpu":
+        pytest.skip("scripted times over the interpreter's launches")
+    real = tune_held_rows.measure
+    ran = []
+
+    def scripted(direction, dtype, block, N, M, warps, info, dev, timer):
+        times = real(direction, dtype, block, N, M, warps, info, dev, timer)
+        ran.append((direction, dtype, N, sorted(k for k in times if k != "auto")))
+        two_wins = direction == "fwd" or (N != 96 or dtype == torch.bfloat16)
+        return {"auto": 1.0, 1: 0.99, 2: 0.5 if two_wins else 1.5}
+
+    monkeypatch.setattr(tune_held_rows, "measure", scripted)
+    monkeypatch.setenv("TRITONSOFTMAX_TUNE_CACHE", str(tmp_path))
+    args = ["--held-rows", "--dtypes", "bfloat16", "float16", "--blocks", "128", "--steps", "4", "--m", "3",
+            "--warps", "1", "2", "--out", str(tmp_path)]
+    try:
+        assert tune.main(args) == 0
+        assert len(ran) == 12 and all(w == [1, 2] for *_, w in ran), "both warp counts ran at every point"
+        out = capsys.readouterr().out
+        assert "held_rows fwd 2-byte 128: [80, 112, 2]" in out and "held_rows bwd 2-byte 128: [80, 80, 2]" in out
+        dispatch.clear_cache()
+        info = device_info(torch.device("cpu"))
+        assert policy.policy_for(info).held_rows == {"fwd": {2: {128: (80, 112, 2)}}, "bwd": {2: {128: (80, 80, 2)}}}
+    finally:
+        dispatch.clear_cache()
+    bad = subprocess.run([sys.executable, "-m", "tritonsoftmax.tune", "--held-rows", "--blocks", "100"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--blocks takes powers of two" in bad.stderr, bad.stderr

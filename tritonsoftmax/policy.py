@@ -138,6 +138,12 @@ def policy_for(device: DeviceInfo) -> Policy:
     return p
 
 
+def pin(device: DeviceInfo, p: Policy) -> None:
+    """Decide with ``p`` for ``device`` until the next forget (a tuner measuring the rules without one of the
+    policy's fields; clear the dispatcher's and the launches' caches around it, as api.clear_caches does)."""
+    _policies[device] = p
+
+
 def _keys_as_ints(value):
     """YAML mappings keyed by numbers (element bytes, blocks) as int keys, lists as tuples, all the way down."""
     if isinstance(value, dict):

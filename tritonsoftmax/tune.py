@@ -19,6 +19,8 @@ layout).
     python -m tritonsoftmax.tune --families fused --n 4100 6144 --up-to  # an entry for rows of 4097..6144
                                                                   # (the 8192 bucket's entry keeps the rest)
     python -m tritonsoftmax.tune --dispatch --part 1/8            # which family wins where (tune_dispatch.py)
+    python -m tritonsoftmax.tune --held-rows --dtypes bfloat16 float16 --blocks 8192 16384  # the policy's held_rows
+                                                                  # (tune_held_rows.py)
 
 By default the table goes to the user directory (``TRITONSOFTMAX_TUNE_CACHE``, default
 ``~/.cache/tritonsoftmax``). Under the Triton interpreter (no GPU) it runs only when
@@ -113,7 +115,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="with --dispatch: measure the K-th of N pieces of the grid (every N-th point)")
     ap.add_argument("--again", action="store_true", help="with --dispatch: measure points the table holds already")
     ap.add_argument("--margin", type=float, default=0.02,
-                    help="with --dispatch: how much faster than the rules' choice a family must be to replace it")
+                    help="with --dispatch: how much faster than the rules' choice a family must be to replace it; "
+                         "with --held-rows: how much faster than auto a warp count must be")
+    ap.add_argument("--held-rows", action="store_true",
+                    help="the held-rows tuner (tritonsoftmax.tune_held_rows): time the fused kernel holding rows "
+                         "between half a block and the block on each warp count against auto, and write the "
+                         "policy's held_rows")
+    ap.add_argument("--blocks", type=int, nargs="+", default=None,
+                    help="with --held-rows: the blocks (powers of two) whose rows it measures (default 1024..16384)")
+    ap.add_argument("--steps", type=int, default=16,
+                    help="with --held-rows: lengths a block, evenly spaced between its half and itself (steps - 1)")
+    ap.add_argument("--warps", type=int, nargs="+", default=None,
+                    help="with --held-rows: the warp counts it times (default 2 4 8 16 32)")
     dest = ap.add_mutually_exclusive_group()
     dest.add_argument("--repo", action="store_true", help="write the repository's tune_cache/ (contributing)")
     dest.add_argument("--out", type=Path, help="write under this directory instead of the user directory")
@@ -125,6 +138,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     except (ValueError, AssertionError):
         ap.error(f"--part takes K/N with 1 <= K <= N, got {args.part!r}")
     args.part = (k, n)
+    from .tune_held_rows import DEFAULT_BLOCKS, DEFAULT_WARPS
+
+    args.blocks = args.blocks or list(DEFAULT_BLOCKS)
+    args.warps = args.warps or list(DEFAULT_WARPS)
+    if any(b < 64 or b & (b - 1) for b in args.blocks) or args.steps < 2 or min(args.warps) < 1:
+        ap.error("--blocks takes powers of two from 64, --steps 2 or more, --warps counts of 1 or more")
     return args
 
 
@@ -251,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import tune_dispatch
 
         return tune_dispatch.run(args, info, dev, root, timer)
+    if args.held_rows:
+        from . import tune_held_rows
+
+        return tune_held_rows.run(args, info, dev, root, timer)
     if args.up_to and not args.n:
         print("error: --up-to stores entries under the longest --n length; give --n", file=sys.stderr)
         return 2

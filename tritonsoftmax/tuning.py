@@ -266,6 +266,24 @@ def record_winner(root: Path, device: DeviceInfo, point: tuple[str, str, int, in
     return _rewrite(root, device, merge)
 
 
+def record_policy(root: Path, device: DeviceInfo, field: str, value) -> Path:
+    """Write a tuner's measured value of the policy's ``field`` into ``root``'s table (replacing the table's; None
+    removes it), atomic and under the table's lock as :func:`record`."""
+
+    def merge(doc: dict) -> None:
+        section = doc.get("policy") if isinstance(doc.get("policy"), dict) else {}
+        if value is None:
+            section.pop(field, None)
+        else:
+            section[field] = value
+        if section:
+            doc["policy"] = section
+        else:
+            doc.pop("policy", None)
+
+    return _rewrite(root, device, merge)
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     lock = path.with_suffix(path.suffix + ".lock")
