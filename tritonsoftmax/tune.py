@@ -147,7 +147,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class _Workload:
+class Workload:
     """One tuning shape: the tensors, how to run a prepared launch on them and check its result.
 
     Forward: softmax of x into y (bytes: x read, y written). Backward: dx from dy and the saved
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         timings_by_n, works = {}, {}
         for N, M in shapes:
             done += 1
-            work = _Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
+            work = Workload(torch.randn(M, N, generator=gen).to(dev, dtype), args.backward)
             timings = {}
             for config in fam.configs(info, M, N):
                 try:

@@ -109,10 +109,10 @@ def measure(direction: str, dtype: torch.dtype, block: int, N: int, M: int, warp
     from . import execute
     from .config import LaunchConfig
     from .kernels import backward_family, family
-    from .tune import _Workload
+    from .tune import Workload
 
     backward = direction == "bwd"
-    work = _Workload(torch.randn(M, N, device=dev, dtype=dtype), backward)
+    work = Workload(torch.randn(M, N, device=dev, dtype=dtype), backward)
     if backward:
         def auto():
             return execute.backward(work.dy, work.y, -1, "auto", 1.0, False, dtype)
@@ -144,7 +144,7 @@ def run(args, info, dev: torch.device, root, timer: Callable) -> int:
     from . import api, policy, tuning
     from .tune import DTYPES
 
-    M = args.m[0] if args.m_given else 4096
+    M = args.m[0]
     by_size: dict[tuple[str, int, int], dict[int, set]] = {}
     for direction in args.directions:
         for dname in args.dtypes:
