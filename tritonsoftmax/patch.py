@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -99,15 +99,20 @@ def patch_torch() -> Iterator[None]:
         ...     loss = F.cross_entropy(model(batch), target)   # its log_softmax runs tritonsoftmax
         ...     loss.backward()
     """
-    keys = ["CUDA"] + (["CPU"] if interpreter_active() else [])
-    if native.module is not None:  # C++ kernels: plans C++ starts, else the Python implementations
-        mod = native.module
+    remove = _register(["CUDA"] + (["CPU"] if interpreter_active() else []))
+    try:
+        yield
+    finally:
+        remove()
+
+
+def _register(keys: list[str]) -> Callable[[], None]:
+    """Our kernels for aten's softmax operators on these dispatch keys: C++'s where the C++ launch path is on (plans
+    C++ starts, else the Python implementations), else the Python implementations; returns what removes them."""
+    mod = native.module
+    if mod is not None:
         mod.patch_aten(keys, native.MODE_OF_IMPL["auto"], _native_forward_miss, _native_backward_miss)
-        try:
-            yield
-        finally:
-            mod.unpatch_aten()
-        return
+        return mod.unpatch_aten
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():  # "overriding a previously registered kernel": that is the point
@@ -115,6 +120,7 @@ def patch_torch() -> Iterator[None]:
             for key in keys:
                 for name in OPERATORS:
                     lib.impl(name, IMPLS[name], key)
-        yield
-    finally:
+    except BaseException:
         lib._destroy()
+        raise
+    return lib._destroy
