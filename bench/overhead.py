@@ -6,8 +6,10 @@ Host time: wall clock over many back-to-back calls with no synchronisation insid
 (for tiny inputs this is the CPU cost of one call, the GPU being faster), for torch.softmax,
 our plain eager call and the same computation through the ``tritonsoftmax::softmax`` operator
 (the path torch.compile takes), then a forward and backward with a gradient to record (torch's,
-ours through eager autograd, ours through the operators, and an autograd.Function that launches nothing: the
-floor of a Python autograd step): the median of ``--rounds`` rounds, each timing every
+ours through eager autograd, ours through the operators, an autograd.Function that launches nothing: the
+floor of a Python autograd step, and torch.softmax's inside ``patch_torch()``); where the C++ launch path builds,
+our eager calls and the patched step again with it on. Each column's path (C++ on or off, inside the block or not)
+is entered before and left after its timed run. The median of ``--rounds`` rounds, each timing every
 function once, in an order reversed every other round (a process's host speed drifts by a few
 microseconds; interleaving puts the drift on every function alike). Before the first shape's timed rounds, untimed
 rounds run for ``--settle`` seconds: a process started while the host is still busy (say, straight after a parallel
