@@ -31,6 +31,24 @@ def next_seq(out: Path, part_file: Path) -> int:
     return max(seqs, default=0) + 1
 
 
+def adopt_parts(out: Path, sources: list[Path]) -> list[Path]:
+    """Copy the parts of each folder in ``sources`` (runs made elsewhere, say on a lent GPU into a fresh folder) into
+    ``out``, sequenced after the parts already there, in the order given and each folder's own order, so that the
+    latest measurement of a point is the last adopted. A part of the same name in ``out`` is replaced. Returns the
+    files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source in sources:
+        files = sorted(source.glob("points-*.json"), key=lambda f: json.loads(f.read_text())["meta"].get("seq", 0))
+        for f in files:
+            part = json.loads(f.read_text())
+            dest = out / f.name
+            part["meta"]["seq"] = next_seq(out, dest)
+            dest.write_text(json.dumps(part, indent=1))
+            written.append(dest)
+    return written
+
+
 def latest_points(out: Path) -> list[dict]:
     """The latest measurement of each (plot, dtype, shape) across the parts, by N and then M; each point
     names the part that measured it (``run``, counted from 1 in :func:`parts` order)."""

@@ -5,6 +5,7 @@
     python -m bench.sweep --plots m4096 --dtype bfloat16    # one part of the grid
     python -m bench.sweep --preset every-n --plots every-n-m4096 --sample 10 --mode bwd   # a slice of every-n
     python -m bench.sweep --quick                           # a small grid (the default without a GPU)
+    python -m bench.sweep --merge run1/every-n run2/every-n --out bench/results/h200/every-n  # add parts run elsewhere
 
 Plots: ``m4096`` (M = 4096, N = 256 .. 262144), ``few-131072`` and ``few-1m`` (few long rows:
 GB/s against M for N = 131072 and 1048576), ``attention`` (65536x2048, 16384x8192), ``odd``
@@ -145,6 +146,9 @@ def _parse(argv):
                          "GPU nobody tuned gets, the default dispatch policy and the families' heuristics")
     ap.add_argument("--merge-only", action="store_true",
                     help="measure nothing: rebuild summary.md, PNGs, CSVs and results.html from the parts in --out")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                    help="measure nothing: copy the parts of these folders (runs made elsewhere) into --out after "
+                         "its own, in the order given (the last measurement of a point shows), and rebuild it")
     ap.add_argument("--out", default=None, metavar="DIR",
                     help="output folder (default bench/results/<gpu>/<suite>/, the suite sweep-fwd, sweep-bwd, "
                          "design-fwd or design-bwd; cpu-interpreter/ in place of <gpu> without a GPU); parts "
@@ -155,10 +159,18 @@ def _parse(argv):
 def main(argv: list[str] | None = None) -> int:
     on_gpu = torch.cuda.is_available()
     args = _parse(argv)
-    if args.merge_only:
+    if args.merge_only or args.merge:
         if not args.out:
-            print("error: --merge-only needs --out", file=sys.stderr)
+            print("error: --merge-only and --merge need --out", file=sys.stderr)
             return 2
+        if args.merge:
+            from bench.report import adopt_parts
+
+            missing = [d for d in args.merge if not list(Path(d).glob("points-*.json"))]
+            if missing:
+                print(f"error: no points-*.json in {', '.join(missing)}", file=sys.stderr)
+                return 2
+            adopt_parts(Path(args.out), [Path(d) for d in args.merge])
         return _finish(Path(args.out))
     if args.peers_site:
         os.environ["TRITONSOFTMAX_PEERS_SITE"] = args.peers_site

@@ -416,3 +416,36 @@ def test_overhead_counts_the_steps_that_fell_back_to_python(monkeypatch):
     assert overhead.native_fallbacks(step, 20) == "0/20"
     assert switched == [(True, False), "off"]
     assert overhead.native_fallbacks(step, 3, patched=True) == "0/3" and switched[2:] == [(True, True), "off"]
+
+
+def test_merge_adopts_parts_run_elsewhere_after_the_folders_own(tmp_path):
+    """bench.sweep --merge A B --out DIR: the parts of A then B (each measured in a fresh folder, so each numbered
+    from 1) join DIR's after its own, in that order, so a point measured again shows the last measurement; a part of
+    the same name is replaced; a folder without parts is refused."""
+    import json
+
+    from bench import sweep
+    from bench.report import latest_points, parts
+
+    def part(folder, name, seq, gbps):
+        folder.mkdir(exist_ok=True)
+        meta = {"command": f"python -m bench.sweep {name}", "device": "GPU", "torch": "2", "triton": "3",
+                "repeats": 3, "rep_ms": 30.0, "interpreter": False, "autotune": "0", "skipped": {}, "seq": seq,
+                "mode": "fwd"}
+        pts = [{"plot": "design", "dtype": "float32", "M": 8, "N": 2048, "gbps": {"auto": gbps, "liger": 68.0}}]
+        (folder / f"points-{name}.json").write_text(json.dumps({"meta": meta, "points": pts}))
+
+    out, a, b = tmp_path / "suite", tmp_path / "a", tmp_path / "b"
+    part(out, "old", 1, 50.0)
+    part(out, "older", 2, 60.0)
+    part(a, "first", 1, 70.0)
+    part(b, "second", 1, 80.0)
+    part(b, "older", 2, 90.0)  # measured again elsewhere: replaces the folder's own part of that name
+    assert sweep.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    order = [p["meta"]["command"].split()[-1] for p in parts(out)]
+    assert order == ["old", "first", "second", "older"]
+    assert [p["meta"]["seq"] for p in parts(out)] == [1, 3, 4, 5]
+    (point,) = latest_points(out)
+    assert point["gbps"]["auto"] == 90.0 and point["run"] == 4
+    assert "| 8×2048 |" in (out / "summary.md").read_text()
+    assert sweep.main(["--merge", str(tmp_path / "empty"), "--out", str(out)]) == 2
