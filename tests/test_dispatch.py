@@ -139,6 +139,25 @@ def test_held_rows_give_many_aligned_rows_up_to_their_length_the_measured_warps(
         assert dispatch.held_rows_warps(shape(4096, 9024, device=device)) == 0
 
 
+def test_held_rows_measured_on_an_amd_gpu_hold_its_rows_there(monkeypatch):
+    """held_rows is measured data (python -m tritonsoftmax.tune --held-rows writes it on the GPU it ran on), so a
+    table that has it holds many rows on its warps on AMD too, where the heuristic held forms stay off."""
+    import dataclasses
+
+    real = dispatch.policy_for
+    measured = {"fwd": {2: {8192: (4352, 6144, 4)}}}
+    monkeypatch.setattr(dispatch, "policy_for", lambda dev: dataclasses.replace(real(dev), held_rows=measured)
+                        if dev is GFX942 else real(dev))
+    bf16 = torch.bfloat16
+
+    def held(N, M=4096, device=GFX942):
+        return dispatch.held_row_config(dispatch.Shape(M, N, bf16, device, False, True))
+
+    assert held(4480) == LaunchConfig.make(4, BLOCK_N=8192, ROWS=1, HELD=1)
+    assert held(6208) is None and held(4480, M=64) is None, "past its longest row; few rows"
+    assert held(4480, device=GFX1201) is None, "another AMD GPU: no table, no held rows"
+
+
 def test_held_pieces_hold_rows_in_three_pieces_where_the_policy_says(monkeypatch):
     """A policy's held_pieces (no shipped table has one yet) holds many aligned rows as half the block, a power of
     two and a shorter tail (HELD 2) where that saves positions over half plus one tail, with warps for what that

@@ -615,7 +615,11 @@ def test_held_rows_tuner_picks_the_longest_run_of_one_winning_warp_count():
     assert lengths(8192, 16, 2) == list(range(4352, 8192, 256))
     assert lengths(64, 4, 2) == [40, 48, 56] and lengths(64, 4, 4) == [40, 48, 56]
     assert lengths(64, 16, 2) == [40, 48, 56], "no finer than a 16-byte vector"
-    assert warp_counts(1024, [2, 4, 8, 16, 32]) == [2, 4, 8, 16], "at least one element of the half a thread"
+    from synthetic_devices import GFX942, SM90
+
+    assert warp_counts(1024, [2, 4, 8, 16, 32], SM90) == [2, 4, 8, 16], "at least one element of the half a thread"
+    assert warp_counts(1024, [2, 4, 8, 16], GFX942) == [2, 4, 8], "64-lane waves"
+    assert warp_counts(65536, [16, 32], SM90) == [16, 32] and warp_counts(65536, [16, 32], GFX942) == [16]
     assert winner({"auto": 1.0, 4: 0.90, 8: 0.95}, 0.02) == 4
     assert winner({"auto": 1.0, 4: 0.99}, 0.02) is None, "within the margin: auto"
     assert winner({"auto": 1.0}, 0.02) is None and winner({4: 1.0}, 0.02) is None

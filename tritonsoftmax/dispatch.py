@@ -121,15 +121,16 @@ def held_row_config(s: Shape) -> LaunchConfig | None:
     what it holds (the tuning table's entries were tuned on rows that fill the block, with warps for the whole
     block) — with HELD 2 (half, a power of two, a tail) where the policy's held_pieces says so, HELD (any tail) where
     its held_tails does; else for small tails on blocks of held_min_block and up. Where the policy's held_rows names
-    the rows: HELD on its warps, also for rows whose tail is the half (held as the whole block). Else None."""
+    the rows (measured on that GPU, so on any backend): HELD on its warps, also for rows whose tail is the half (held
+    as the whole block). Else None."""
     block = next_power_of_2(s.N)
     held = fused_held(s)
-    if s.device.backend != "cuda" or few_rows(s) or held > fused_capacity(s.device):
+    if few_rows(s) or held > fused_capacity(s.device):
         return None
     warps = held_rows_warps(s)
     if warps:
         return LaunchConfig.make(warps, BLOCK_N=block, ROWS=1, HELD=1)
-    if held == block:
+    if s.device.backend != "cuda" or held == block:
         return None
     nw = heuristic_warps(s.device, held, per_thread=s.policy.held_values_per_thread, max_warps=32)
     if held_pieces(s):

@@ -10,7 +10,8 @@ lengths between half the block and the block (on 16-byte boundaries), at ``--m``
 element size must agree. The entry of a block is the longest run of consecutive measured lengths with one winner,
 [its first length, its last, the warps]; a block with no run loses its entry. Lengths between the measured ones
 take the entry only inside a run. The result goes into the table's ``policy: held_rows`` (the table's other
-blocks and directions kept).
+blocks and directions kept); the dispatcher honours it on any backend, AMD included (warps there are the device's
+waves: 64 lanes on CDNA, so fewer counts fit a block).
 
     python -m tritonsoftmax.tune --held-rows --dtypes bfloat16 float16 --blocks 8192 16384 --timer kernel --repo
 """
@@ -37,9 +38,10 @@ def lengths(block: int, steps: int, itemsize: int) -> list[int]:
     return [n for n in range(block // 2 + step, block, step)][:max(0, steps - 1)]
 
 
-def warp_counts(block: int, warps: tuple[int, ...] | list[int]) -> list[int]:
-    """The warp counts worth timing for a block: at least one element of its half a thread."""
-    return [w for w in warps if 32 * w <= block // 2]
+def warp_counts(block: int, warps: tuple[int, ...] | list[int], info) -> list[int]:
+    """The warp counts worth timing for a block on this device (its warp size: 64 on CDNA): at least one element of
+    the block's half a thread, no more threads than a program may have."""
+    return [w for w in warps if w * info.warp_size <= min(block // 2, info.max_threads_per_program)]
 
 
 def winner(times: dict, margin: float) -> int | None:
@@ -150,7 +152,7 @@ def run(args, info, dev: torch.device, root, timer: Callable) -> int:
         for dname in args.dtypes:
             dtype = DTYPES[dname]
             for block in args.blocks:
-                warps = warp_counts(block, args.warps)
+                warps = warp_counts(block, args.warps, info)
                 for N in lengths(block, args.steps, dtype.itemsize):
                     times = measure(direction, dtype, block, N, M, warps, info, dev, timer)
                     w = winner(times, args.margin)
