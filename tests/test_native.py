@@ -286,3 +286,10 @@ def test_patch_torch_with_the_cxx_path_registers_cxx_kernels_for_aten(cxx_kernel
     torch.softmax(z, 1).sum().backward()
     torch.log_softmax(z, 1)
     assert native.counts() == before, "after the block: torch's kernels"
+
+    with tritonsoftmax.patch_torch():  # nested blocks: the inner one's exit leaves the outer one's kernels
+        with tritonsoftmax.patch_torch():
+            torch.softmax(z, 1)
+        torch.softmax(z, 1)
+    torch.softmax(z, 1)
+    assert total(native.counts())[0] - total(before)[0] == 2, "two calls inside the blocks, none after"

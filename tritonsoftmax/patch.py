@@ -91,7 +91,7 @@ def _native_backward_miss(grad: torch.Tensor, output: torch.Tensor, dim: int, in
 def patch_torch() -> Iterator[None]:
     """Inside the block, every softmax and log_softmax torch computes on a GPU tensor (on a CPU tensor too under
     the Triton interpreter) runs tritonsoftmax, forward and backward, with torch's dtype rules; on exit (also on
-    error) torch's kernels are back.
+    error) torch's kernels are back. Blocks nest: an inner block's exit leaves the outer block's kernels.
 
     Example::
 

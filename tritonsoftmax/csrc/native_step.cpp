@@ -347,13 +347,17 @@ struct QuietWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
+int aten_depth = 0;  // patch_torch() blocks open (nested blocks share one registration)
+
 void unpatch_aten() {
+  if (aten_depth > 0 && --aten_depth > 0) return;  // an outer block still wants them
   aten_libraries.clear();  // a Library's destructor removes its kernels: aten's are back
 }
 
 void patch_aten(const std::vector<std::string>& keys, int64_t mode, py::object forward_miss,
                 py::object backward_miss) {
-  unpatch_aten();
+  if (aten_depth++ > 0) return;
+  aten_libraries.clear();
   delete aten_forward_miss;
   delete aten_backward_miss;
   aten_forward_miss = new py::object(std::move(forward_miss));
