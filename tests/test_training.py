@@ -500,3 +500,16 @@ def test_patch_torch_takes_a_second_derivative(log):
         got = hvp(x, w)
     want = hvp(x.detach().double().requires_grad_(), w.double())
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_patch_torch_blocks_nest(monkeypatch):
+    """An inner block's exit leaves the outer block's kernels: a softmax between the two exits is still ours, one
+    after the outer exit is torch's."""
+    calls = _spy(monkeypatch)
+    x = random_input((3, 50), torch.float32, DEVICE, seed=4)
+    with tritonsoftmax.patch_torch():
+        with tritonsoftmax.patch_torch():
+            torch.softmax(x, 1)
+        torch.softmax(x, 1)
+    torch.softmax(x, 1)
+    assert calls == [("fwd", False)] * 2
