@@ -105,9 +105,9 @@ def rules_without_held_rows(info):
 
 def measure(direction: str, dtype: torch.dtype, block: int, N: int, M: int, warps: list[int], info,
             dev: torch.device, timer: Callable) -> dict:
-    """ms of auto (rules without held_rows) and of the held fused kernel on each warp count, {"auto": ms, warps: ms};
-    a config that fails to run, or whose result is off float64 by more than the dtype's tolerance, is left out
-    (with a line on stderr)."""
+    """ms of auto (as the policy in force decides: run inside rules_without_held_rows) and of the held fused kernel on
+    each warp count, {"auto": ms, warps: ms}; a config that fails to run, or whose result is off float64 by more than
+    the dtype's tolerance, is left out (with a line on stderr)."""
     from . import execute
     from .config import LaunchConfig
     from .kernels import backward_family, family
@@ -121,10 +121,8 @@ def measure(direction: str, dtype: torch.dtype, block: int, N: int, M: int, warp
     else:
         def auto():
             return execute.forward(work.x, -1, None, "auto", 1.0, False, False)
-    out = {}
-    with rules_without_held_rows(info):
-        auto()
-        out["auto"] = timer(auto)
+    auto()
+    out = {"auto": timer(auto)}
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     fused = (backward_family if backward else family)("fused")
     for w in warps:
@@ -144,6 +142,25 @@ def measure(direction: str, dtype: torch.dtype, block: int, N: int, M: int, warp
 def run(args, info, dev: torch.device, root, timer: Callable) -> int:
     """The --held-rows mode of python -m tritonsoftmax.tune (its parsed ``args``)."""
     from . import api, policy, tuning
+
+    with rules_without_held_rows(info):  # auto's times: the rules without held_rows (tables read once)
+        by_size = _measure_all(args, info, dev, timer)
+    measured = {}
+    for key, wins in by_size.items():
+        agreed = {n: next(iter(ws)) if len(ws) == 1 else None for n, ws in wins.items()}
+        measured[key] = longest_run(agreed)
+    value = merged_entries(policy.policy_for(info).held_rows, measured)
+    path = tuning.record_policy(root, info, "held_rows", value or None)
+    api.clear_caches()  # the next decision in this process reads what was written
+    for (direction, nbytes, block), entry in sorted(measured.items()):
+        print(f"held_rows {direction} {nbytes}-byte {block}: {entry if entry else 'none (rules)'}")
+    print(f"wrote held_rows to {path}")
+    return 0
+
+
+def _measure_all(args, info, dev: torch.device, timer: Callable) -> dict[tuple[str, int, int], dict[int, set]]:
+    """Every (direction, dtype, block, length) of the run at ``--m``'s first row count, its times printed: {(direction,
+    element bytes, block): {N: the set of the dtypes' winners}}."""
     from .tune import DTYPES
 
     M = args.m[0]
@@ -161,14 +178,4 @@ def run(args, info, dev: torch.device, root, timer: Callable) -> int:
                                       for k, ms in times.items())
                     print(f"{direction} {dname} {M}x{N} (block {block}): "
                           f"{'auto' if w is None else f'{w} warps'} (us: {shown})", flush=True)
-    measured = {}
-    for key, wins in by_size.items():
-        agreed = {n: next(iter(ws)) if len(ws) == 1 else None for n, ws in wins.items()}
-        measured[key] = longest_run(agreed)
-    value = merged_entries(policy.policy_for(info).held_rows, measured)
-    path = tuning.record_policy(root, info, "held_rows", value or None)
-    api.clear_caches()  # the next decision in this process reads what was written
-    for (direction, nbytes, block), entry in sorted(measured.items()):
-        print(f"held_rows {direction} {nbytes}-byte {block}: {entry if entry else 'none (rules)'}")
-    print(f"wrote held_rows to {path}")
-    return 0
+    return by_size
