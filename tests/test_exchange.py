@@ -81,6 +81,19 @@ def test_whole_chunks_load_and_store_without_predicates(target):
         assert "_atomic_swap_" in full and "_atomic_swap_" in plain  # the word exchange, compiled for AMD
 
 
+def test_whole_chunks_round_the_scaled_input_before_subtracting_the_max():
+    """Without a mask's select between them, fp fusion would fuse x * scale into the subtraction of the max,
+    fma(x, scale, -m), whose residual at the max overflows exp for |m| >= 2^31 with a scale that is not a power of
+    two (row_ops.load_scaled): FULL's chunk subtracts as many rounded products (sub.f32) as the masked form, and
+    its fmas are those products (a zero addend)."""
+    full, plain = run_compile_script("coop_compile.py", "cuda:90", json.dumps(WHOLE_CHUNKS))
+    held = 2048 // 128  # the chunk's elements a thread (BLOCK 2048, 4 warps)
+    assert len(re.findall(r"\bsub\.f32", plain)) >= held, "the masked form subtracts each element"
+    assert len(re.findall(r"\bsub\.f32", full)) >= held
+    fmas = re.findall(r"fma\.rn\.f32\s+[^;]*;", full)
+    assert fmas and all(f.rstrip(";").endswith("0f00000000") for f in fmas), fmas[:3]
+
+
 @pytest.mark.parametrize("target", ["hip:gfx942:64", "hip:gfx90a:64", "hip:gfx1100:32"])
 def test_coop_polls_with_atomics_on_amd(target):
     """Triton gives a volatile load no cache-coherence bits on AMD, so a poll by load could spin on a

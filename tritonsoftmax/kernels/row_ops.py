@@ -168,10 +168,16 @@ def store_out(ptrs, value, mask, EVICT: tl.constexpr = 0):
 
 @triton.jit
 def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
-    """A tile as fp32 times ``scale``; masked lanes are -inf whatever the sign of ``scale`` (``mask``
-    None: every lane; EVICT as in load_f32)."""
+    """A tile as fp32 times ``scale``, each product rounded; masked lanes are -inf whatever the sign of ``scale``
+    (``mask`` None: every lane; EVICT as in load_f32).
+
+    Without a mask the product is an fma with a zero addend: the compiler (fp fusion on) would otherwise fuse
+    x * scale into the max's subtraction, fma(x, scale, -m), whose unrounded product leaves the row's max with a
+    residual of up to half an ulp of m. Softmax is shift-invariant, so that residual cancels, until |m| reaches
+    2^31 with a scale that is not a power of two: then it overflows or underflows exp, and the row turns NaN
+    where torch's softmax of x * scale does not (the masked form's select keeps the product apart already)."""
     if mask is None:
-        return load_f32(ptrs, None, EVICT) * scale
+        return tl.fma(load_f32(ptrs, None, EVICT), scale, 0.0)
     else:
         return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
 
