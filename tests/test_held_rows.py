@@ -146,3 +146,69 @@ def test_several_row_tiles_hold_no_tail_unless_asked():
     plain(x, y, 1.0)
     assert plain.flags["TAIL"] == 0
     torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), rtol=1e-5, atol=1e-6)
+
+
+# (dtype, N, rows a program, HELD): one row with a tail, one row in three pieces, several rows with a tail and in
+# three pieces
+RAW_CASES = [(torch.float32, 1152, 1, 1), (torch.bfloat16, 4480, 1, 2), (torch.float16, 1152, 2, 1),
+             (torch.float32, 6464, 2, 2)]
+EXTREME_SCALES = [1.0, 0.37, -0.5, 0.0]
+
+
+def _extreme_rows(dtype, N, M, seed):
+    """M rows of N: row 0 its max in the half; 1 a huge value in the half and a huge negative in the tail; 2 some
+    -inf in the half and the tail; 3 a +inf in the half; 4 a NaN in the half; 5 all -inf; the rest random."""
+    big = 6e4 if dtype == torch.float16 else 3e38
+    x = random_input((M, N), torch.float32, "cpu", seed=seed)
+    x[0, 7] = 40.0
+    x[1, 3], x[1, N - 1] = big, -big
+    x[2, ::5] = float("-inf")
+    x[3, 11] = float("inf")
+    x[4, 2] = float("nan")
+    x[5] = float("-inf")
+    return x.to(DEVICE, dtype)
+
+
+def _scaled_reference(x, scales, log, zero_masked):
+    """torch's softmax of x * scale in float64 (NaN where torch gives NaN), rows of all -inf 0 with zero_masked."""
+    z = x.double() * scales.double()[:, None]
+    want = torch.log_softmax(z, -1) if log else torch.softmax(z, -1)
+    if zero_masked:
+        want[(z == float("-inf")).all(-1)] = 0.0
+    return want
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("per_row", [False, True], ids=["scale", "row-scales"])
+@pytest.mark.parametrize("dtype,N,rows,held", RAW_CASES,
+                         ids=[f"{str(d)[6:]}-{n}-r{r}-held{h}" for d, n, r, h in RAW_CASES])
+def test_held_pieces_take_any_scale_and_extreme_values(dtype, N, rows, held, per_row, log):
+    """Rows held in pieces: positive, negative and zero scales, one for all rows or one a row, with the max in the
+    half, huge values, -inf, +inf and NaN in the half and a row of all -inf; every element against torch's float64
+    softmax of x * scale (NaN where torch's is NaN)."""
+    block = next_power_of_2(N)
+    M = 4 * len(EXTREME_SCALES) * rows + 1
+    x = _extreme_rows(dtype, N, M, seed=N)
+    config = LaunchConfig.make(4, BLOCK_N=block, ROWS=rows, HELD=held)
+    for i, s in enumerate(EXTREME_SCALES):
+        scales = torch.tensor([EXTREME_SCALES[(r + i) % 4] for r in range(M)] if per_row else [s] * M)
+        out = poisoned_like(x)
+        # zero_masked_rows where no row's scale is 0: a row of -inf times 0 is all NaN, which a padded tile's max
+        # (NaN ignored, the padding -inf) takes for a masked row and zeroes
+        zero_masked = int(not per_row and s != 0)
+        flags = {"LOG": int(log), "ZERO_MASKED": zero_masked, **({"ROW_SCALE": 1} if per_row else {})}
+        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device), flags=flags)
+        fwd(x, out, scales.to(DEVICE, torch.float32) if per_row else s)
+        assert fwd.flags["TAIL"] > 0 and fwd.flags["ALIGN"] == 1, "the held form on the plain path"
+        assert fwd.flags["MID"] > 0 or held == 1
+        want = _scaled_reference(x.cpu(), scales, log, zero_masked=bool(zero_masked))
+        got = out.double().cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN where torch's is NaN (scale {s})"
+        ok = ~torch.isnan(want)
+        inf = torch.isinf(want.to(dtype))  # log-probabilities past the dtype's range round to -inf
+        assert torch.equal(torch.isinf(got[ok]), inf[ok]), f"-inf where torch's is, in {dtype} (scale {s})"
+        fin = ok & ~inf
+        err = ((got - want).abs() / want.abs().clamp(min=1))[fin].max().item()
+        assert err <= FWD_TOL[dtype], f"scale {s}: {err}"
+        if per_row:
+            break  # the per-row scales already cycled through every sign
