@@ -87,6 +87,23 @@ def test_zero_masked_rows_give_zeros_and_zero_gradient(impl):
     assert tritonsoftmax.softmax(x.detach(), impl=impl)[1].isnan().all(), "the default stays torch's NaN"
 
 
+@pytest.mark.parametrize("N", [100, 128, 3000, 20000])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_zero_masked_rows_leave_rows_with_nan_nan(impl, N):
+    """zero_masked_rows zeroes the rows of all -inf only: a row of NaN, of NaN and -inf, or of NaN among finite
+    values stays NaN, as torch's softmax gives (a max passes NaN over, so a row with no finite value has the -inf
+    max of a masked row: the sum, NaN there and 0 for a masked row, tells them apart)."""
+    x = random_input((6, N), torch.float32, DEVICE, seed=N)
+    x[1] = float("nan")
+    x[2, ::2], x[2, 1::2] = float("nan"), float("-inf")
+    x[3, 5] = float("nan")
+    x[4] = float("-inf")
+    y = tritonsoftmax.softmax(x, zero_masked_rows=True, impl=impl)
+    assert y[[1, 2, 3]].isnan().all(), [r for r in (1, 2, 3) if not y[r].isnan().all()]
+    assert (y[4] == 0).all()
+    torch.testing.assert_close(y[[0, 5]], torch.softmax(x[[0, 5]], -1), atol=2e-6, rtol=0)
+
+
 def test_scale_is_a_number_or_a_tensor_of_scales():
     """A 0-dim tensor broadcasts as torch's x * t does: the same scale for every row."""
     x = random_input((2, 3), torch.float32, DEVICE)

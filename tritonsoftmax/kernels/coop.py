@@ -45,6 +45,7 @@ from .row_ops import (
     grad_term,
     load_f32,
     load_scaled,
+    ref_max,
     row_bases,
     row_scale,
     tile_mask,
@@ -63,9 +64,6 @@ BLOCKS = (1024, 2048, 4096, 8192, 16384)
 # while the row's programs wait for each other), narrower until the rows give COOP_PROGRAMS_PER_SM programs an SM.
 COOP_CHUNK = 8192
 COOP_PROGRAMS_PER_SM = 4
-NEG_INF = tl.constexpr(float("-inf"))
-
-
 @triton.jit
 def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output of values held in registers: scaled inputs ``z`` and e = exp(z - m) taken
@@ -75,8 +73,8 @@ def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr)
         return finish(z, m_r, s_r, LOG, ZERO_MASKED)
     else:
         y = e * (exp(m - m_r) / s_r)
-        if ZERO_MASKED:
-            y = tl.where(m_r == NEG_INF, 0.0, y)
+        if ZERO_MASKED:  # the rows of all -inf: a sum of 0 (row_ops.finish)
+            y = tl.where(s_r == 0.0, 0.0, y)
         return y
 
 
@@ -144,7 +142,7 @@ def _softmax_coop_fwd_kernel(
         else:
             z_e = load_scaled(x_row + pos_e, mask_e, scale)
             m = tl.maximum(tl.max(z, axis=0), tl.max(z_e, axis=0))
-        m_ref = tl.where(m == NEG_INF, 0.0, m)
+        m_ref = ref_max(m)
         e = exp(z - m_ref)
         s = tl.sum(e, axis=0)
         if ALIGN > 1:

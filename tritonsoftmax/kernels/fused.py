@@ -20,6 +20,7 @@ from .row_ops import (
     held_row_lanes,
     load_f32,
     load_scaled,
+    ref_max,
     row_offsets,
     row_scale,
     rows_scale,
@@ -66,7 +67,7 @@ def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, s
     output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes."""
     z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
     z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
-    m = tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0))
+    m = ref_max(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)))
     s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
     tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
     tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
@@ -81,7 +82,7 @@ def _softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_
     z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
     z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
     z_c = load_scaled(x_ptr + base + x_c, mask_c, scale)
-    m = tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0))
+    m = ref_max(tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0)))
     s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0) + tl.sum(exp(z_c - m), axis=0)
     tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
     tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
@@ -110,7 +111,7 @@ def _fused_fwd_tile(
             mask = cols < N
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             z = load_scaled(x_row + cols * stride_x_col, mask, scale)
-            m = tl.max(z, axis=0)
+            m = ref_max(tl.max(z, axis=0))
             s = tl.sum(exp(z - m), axis=0)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
@@ -138,7 +139,7 @@ def _fused_fwd_tile(
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32),
                         mask, scale)
-        m = tl.max(z, axis=1)[:, None]
+        m = ref_max(tl.max(z, axis=1))[:, None]
         s = tl.sum(exp(z - m), axis=1)[:, None]
         y = finish(z, m, s, LOG, ZERO_MASKED)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
@@ -161,7 +162,7 @@ def _fused_fwd_tile(
             x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
             z_m = load_scaled(x_ptr + x_off_m, mask_m, scale)
             m = tl.maximum(m, tl.max(z_m, axis=1))
-        m = m[:, None]
+        m = ref_max(m)[:, None]
         s = tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1)
         if MID:
             s += tl.sum(exp(z_m - m), axis=1)

@@ -206,14 +206,23 @@ def rows_scale(scale, rows, M, ROW_SCALE: tl.constexpr):
 def finish(z, m, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output for scaled inputs ``z`` given the row max ``m`` and s = sum exp(z - m) (both
     broadcastable to ``z``): softmax exp(z - m) / s, or log_softmax z - m - log(s) when LOG.
-    ZERO_MASKED: rows whose max is -inf (all masked) give 0 instead of NaN."""
+    ZERO_MASKED: rows of all -inf give 0 instead of NaN. Those are the rows whose sum is 0, which every
+    family keeps so by summing exp(z - ref_max(m)) (with m itself here or -inf); a row whose max is -inf because
+    a max passes NaN over (a row of NaN, or of NaN and -inf) has a NaN sum and stays NaN, as torch's."""
     if LOG:
         y = z - m - tl.log(s)
     else:
         y = exp(z - m) * (1.0 / s)
     if ZERO_MASKED:
-        y = tl.where(m == float("-inf"), 0.0, y)
+        y = tl.where(s == 0.0, 0.0, y)
     return y
+
+
+@triton.jit
+def ref_max(m):
+    """The max a row's exponentials are taken against: ``m``, or 0 for a row (or stretch) of max -inf, so that its
+    sum is 0 (all -inf) or NaN (a NaN, which a max passes over), never the NaN of -inf - -inf."""
+    return tl.where(m == float("-inf"), 0.0, m)
 
 
 @triton.jit
@@ -240,7 +249,7 @@ def online_update(m, s, z):
     """Fold tile ``z`` into the running (max m, sum s = sum exp(. - m)); a tile that leaves the
     running max at -inf adds 0 (not exp(-inf - -inf) = NaN), so a masked prefix never poisons a row."""
     m_new = tl.maximum(m, tl.max(z, axis=0))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    m_ref = ref_max(m_new)
     return m_new, s * exp(m - m_ref) + tl.sum(exp(z - m_ref), axis=0)
 
 
@@ -392,13 +401,14 @@ def combine_partials(parts_ptr, G, BLOCK_G: tl.constexpr):
 def combine_max_sum(m_g, s_g, AXIS: tl.constexpr = 0):
     """Row (max, sum) from partials (max m_g, sum s_g) held in a tensor (unused lanes -inf, 0): with AXIS 0 one
     row's partials (the Triton and Gluon kernels' exchange), with AXIS 1 a (rows, partials) tile, one (max, sum) a
-    row, an all -inf row subtracting 0 (no -inf - -inf, which the where would drop anyway: rows past the last)."""
+    row, an all -inf row subtracting 0 (no -inf - -inf: rows past the last). A partial of max -inf adds its sum as
+    it is: 0 for an all -inf stretch, NaN for one that held a NaN (ref_max), which the row's sum then keeps."""
     m = tl.max(m_g, axis=AXIS)
     if AXIS == 0:
-        s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - m)), axis=0)
+        s = tl.sum(tl.where(m_g == float("-inf"), s_g, s_g * exp(m_g - m)), axis=0)
     else:
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.where(m_g == float("-inf"), 0.0, s_g * exp(m_g - shift[:, None])), axis=1)
+        shift = ref_max(m)
+        s = tl.sum(tl.where(m_g == float("-inf"), s_g, s_g * exp(m_g - shift[:, None])), axis=1)
     return m, s
 
 

@@ -159,14 +159,14 @@ def _in_row(z, cols, lo, hi, MASKED: gl.constexpr, LEAD: gl.constexpr):
 @gluon.jit
 def _output(x, scale, m, inv, log_s, LOG: gl.constexpr, ZERO_MASKED: gl.constexpr):
     """softmax (log_softmax, LOG) of fp32 inputs ``x`` given the row's max ``m`` of scale * x, 1 / its sum ``inv`` and
-    the sum's log ``log_s``; ZERO_MASKED: 0 for a row whose max is -inf."""
+    the sum's log ``log_s``; ZERO_MASKED: 0 for a row of all -inf, whose sum is 0 (row_ops.finish)."""
     z = gl.fma(x, scale, -m)
     if LOG:
         y = z - log_s
     else:
         y = exp(z) * inv
     if ZERO_MASKED:
-        y = gl.where(m == float("-inf"), 0.0, y)
+        y = gl.where(inv == float("inf"), 0.0, y)
     return y
 
 

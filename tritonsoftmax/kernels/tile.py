@@ -12,7 +12,7 @@ from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import launches, sizing
 from .kernel_family import Family
-from .row_ops import exp, finish, load_scaled, row_offsets, row_scale, whole_vectors
+from .row_ops import exp, finish, load_scaled, ref_max, row_offsets, row_scale, whole_vectors
 
 IMPL = "tile"
 BLOCKS = (1024, 2048, 4096, 8192)
@@ -53,11 +53,12 @@ def _softmax_tile_fwd_kernel(
         cols = t * BLOCK + offs
         m_vec = tl.maximum(m_vec, load_scaled(x_row + cols * stride_x_col, cols < N, scale))
     m = tl.max(m_vec, axis=0)
+    m_ref = ref_max(m)
 
     s_vec = tl.zeros([BLOCK], tl.float32)
     for t in range(0, num_tiles):
         cols = ((num_tiles - 1 - t) if CACHE_OPT else t) * BLOCK + offs
-        s_vec += exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m)
+        s_vec += exp(load_scaled(x_row + cols * stride_x_col, cols < N, scale) - m_ref)
     s = tl.sum(s_vec, axis=0)
 
     for t in range(0, num_tiles):
