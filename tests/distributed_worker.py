@@ -56,6 +56,10 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
             x = (torch.randn(6, V, generator=gen) * 3).to(device, dtype)
             x[1, _slices(widths)[0]] = float("-inf")  # a row all -inf in rank 0's slice only
             x[2, :] = float("-inf")  # a row all -inf everywhere: NaN, as torch gives
+            # a row with NaN and -inf only in rank 0's slice: that slice's max is -inf (a max passes NaN over), yet
+            # the whole row is NaN, as torch gives
+            x[5, _slices(widths)[0]] = float("-inf")
+            x[5, _slices(widths)[0].start] = float("nan")
             dy = torch.randn(6, V, generator=gen).to(device, dtype)
             for log in (False, True):
                 fn, ref = (tsd.log_softmax, torch.log_softmax) if log else (tsd.softmax, torch.softmax)
@@ -81,6 +85,7 @@ def run(rank: int, world: int, init: str, widths: list[int], backend: str = "glo
             # rank 0's slice of row 1 far below the rest (its exp underflows against the other ranks' maxima), yet
             # small enough that fp32 keeps the loss exact to ~1e-5 where it is the whole row (a world of one)
             xs[1, :] = xs[1, :].nan_to_num(neginf=-50.0)
+            xs[5, :] = xs[5, :].nan_to_num(nan=0.0, neginf=-50.0)
             w = torch.randn(6, generator=gen).to(device)  # signed per-row weights of the loss, one of them 0
             w[5] = 0.0
             for reduction in ("mean", "sum", "none"):
