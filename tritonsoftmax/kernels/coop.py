@@ -64,6 +64,8 @@ BLOCKS = (1024, 2048, 4096, 8192, 16384)
 # while the row's programs wait for each other), narrower until the rows give COOP_PROGRAMS_PER_SM programs an SM.
 COOP_CHUNK = 8192
 COOP_PROGRAMS_PER_SM = 4
+
+
 @triton.jit
 def held_output(z, e, m, m_r, s_r, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output of values held in registers: scaled inputs ``z`` and e = exp(z - m) taken

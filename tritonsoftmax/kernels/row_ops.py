@@ -206,9 +206,9 @@ def rows_scale(scale, rows, M, ROW_SCALE: tl.constexpr):
 def finish(z, m, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
     """The output for scaled inputs ``z`` given the row max ``m`` and s = sum exp(z - m) (both
     broadcastable to ``z``): softmax exp(z - m) / s, or log_softmax z - m - log(s) when LOG.
-    ZERO_MASKED: rows of all -inf give 0 instead of NaN. Those are the rows whose sum is 0, which every
-    family keeps so by summing exp(z - ref_max(m)) (with m itself here or -inf); a row whose max is -inf because
-    a max passes NaN over (a row of NaN, or of NaN and -inf) has a NaN sum and stays NaN, as torch's."""
+    ZERO_MASKED: rows of all -inf give 0 instead of NaN. Every family takes a row's sum against ref_max(m), so
+    those are exactly the rows whose sum is 0 (``m`` here may be the max or ref_max of it); a row whose max is -inf
+    because a max passes NaN over (a row of NaN, or of NaN and -inf) has a NaN sum and stays NaN, as torch's."""
     if LOG:
         y = z - m - tl.log(s)
     else:
