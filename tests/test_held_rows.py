@@ -193,15 +193,13 @@ def test_held_pieces_take_any_scale_and_extreme_values(dtype, N, rows, held, per
     for i, s in enumerate(EXTREME_SCALES):
         scales = torch.tensor([EXTREME_SCALES[(r + i) % 4] for r in range(M)] if per_row else [s] * M)
         out = poisoned_like(x)
-        # zero_masked_rows where no row's scale is 0: a row of -inf times 0 is all NaN, which a padded tile's max
-        # (NaN ignored, the padding -inf) takes for a masked row and zeroes
-        zero_masked = int(not per_row and s != 0)
-        flags = {"LOG": int(log), "ZERO_MASKED": zero_masked, **({"ROW_SCALE": 1} if per_row else {})}
+        # zero_masked_rows throughout: with a scale of 0 the row of all -inf is all NaN (-inf * 0), which stays NaN
+        flags = {"LOG": int(log), "ZERO_MASKED": 1, **({"ROW_SCALE": 1} if per_row else {})}
         fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device), flags=flags)
         fwd(x, out, scales.to(DEVICE, torch.float32) if per_row else s)
         assert fwd.flags["TAIL"] > 0 and fwd.flags["ALIGN"] == 1, "the held form on the plain path"
         assert fwd.flags["MID"] > 0 or held == 1
-        want = _scaled_reference(x.cpu(), scales, log, zero_masked=bool(zero_masked))
+        want = _scaled_reference(x.cpu(), scales, log, zero_masked=True)
         got = out.double().cpu()
         assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN where torch's is NaN (scale {s})"
         ok = ~torch.isnan(want)
