@@ -1146,3 +1146,28 @@ def test_auto_runs_smem_for_few_16bit_rows_beyond_coops_capacity(M, N, dtype):
     fp32 = dispatch.plan("auto", M, N, torch.float32, torch.float32, x.device).impl
     cluster_max_n = policy_for(SM90).smem_fp32_cluster["max_n"]
     assert (fp32 == "smem") == (N <= cluster_max_n), "fp32 rows: smem by the cluster rule only"
+
+
+@pytest.mark.gpu
+@pytest.mark.needs("smem")
+@pytest.mark.parametrize("dtype,N", [(torch.bfloat16, 50264), (torch.float32, 65536)], ids=str)
+def test_zero_masked_rows_leave_rows_with_nan_nan(dtype, N):
+    """zero_masked_rows zeroes the rows of all -inf only, those whose sum is 0: a row of NaN, of NaN and -inf
+    interleaved, or of a chunk of -inf before a chunk of NaN (partials of max -inf, one with a sum of 0 and one
+    with NaN) stays NaN, as torch gives; a row of -inf gives 0."""
+    M = 8
+    x = random_input((M, N), torch.float32, DEVICE, seed=N)
+    x[1] = float("nan")
+    x[2, ::2], x[2, 1::2] = float("nan"), float("-inf")
+    x[3] = float("-inf")
+    x[4, :N // 2], x[4, N // 2:] = float("-inf"), float("nan")
+    x = x.to(dtype)
+    y = poisoned_like(x)
+    launch = smem().FAMILY.prepare(matrix_problem(x, y), None, device_info(x.device),
+                                   flags={"LOG": 0, "ZERO_MASKED": 1})
+    launch(x, y, 1.0)
+    assert launch.fallbacks == 0
+    assert y[[1, 2, 4]].isnan().all(), [r for r in (1, 2, 4) if not y[r].isnan().all()]
+    assert (y[3] == 0).all()
+    keep = [0, 5, 6, 7]
+    assert (y[keep].double() - torch.softmax(x[keep].double(), -1)).abs().max().item() <= TOL[dtype]
