@@ -165,6 +165,24 @@ bool pointers_match(const Plan& p, const at::Tensor& a, const at::Tensor& b, con
   return ((bits & 15) == 0) == p.aligned;
 }
 
+// A forward through plan ``p`` into a new y (counted), or nothing where p does not take the addresses.
+std::optional<at::Tensor> planned_forward(const Plan& p, const at::Tensor& x, double scale) {
+  at::Tensor y = at::empty_like(x);
+  if (!pointers_match(p, x, y, nullptr)) return std::nullopt;
+  start(p, x, y, nullptr, scale);
+  counters[0]++;
+  return y;
+}
+
+// A backward through plan ``p`` (none: no plan) into a new dx (counted), or nothing where it cannot run.
+std::optional<at::Tensor> planned_backward(const Plan* p, const at::Tensor& dy, const at::Tensor& y, double scale) {
+  if (p == nullptr || !pointers_match(*p, dy, y, &y)) return std::nullopt;
+  at::Tensor dx = at::empty_like(y);
+  start(*p, dy, dx, &y, scale);
+  counters[1]++;
+  return dx;
+}
+
 // The Python side's callbacks (set by native.py): the backward of a signature with no plan, and the recorded
 // backward (create_graph=True), whose graph Python's operator records.
 py::object* backward_miss = nullptr;
@@ -207,10 +225,8 @@ struct SoftmaxStep : public torch::autograd::Function<SoftmaxStep> {
       }
       std::shared_ptr<const Plan> p;
       if (dy.strides() == y.strides()) p = find(make_key(y, 1, dim, mode));
-      if (p && pointers_match(*p, dy, y, &y)) {
-        dx = at::empty_like(y);
-        start(*p, dy, dx, &y, scale);
-        counters[1]++;
+      if (auto planned = planned_backward(p.get(), dy, y, scale)) {
+        dx = *planned;
       } else {
         counters[3]++;
         dx = call_python(backward_miss, dy, y, dim, scale, mode);
@@ -237,11 +253,7 @@ std::optional<at::Tensor> softmax(const at::Tensor& x, int64_t dim, double scale
     counters[0]++;
     return SoftmaxStep::apply(x, dim, scale, mode, p.get());
   }
-  at::Tensor y = at::empty_like(x);
-  if (!pointers_match(*p, x, y, nullptr)) return std::nullopt;
-  start(*p, x, y, nullptr, scale);
-  counters[0]++;
-  return y;
+  return planned_forward(*p, x, scale);
 }
 
 // Add the plan of one signature (keyed on ``t`` as make_key does); false where this driver cannot check the
@@ -311,12 +323,7 @@ at::Tensor aten_forward(const at::Tensor& x, int64_t dim, bool half_to_float) {
     const int64_t d = dim < 0 ? dim + x.dim() : dim;
     std::shared_ptr<const Plan> p = find(make_key(x, 0, d, aten_mode + 2 * Log));
     if (p) {
-      at::Tensor y = at::empty_like(x);
-      if (pointers_match(*p, x, y, nullptr)) {
-        start(*p, x, y, nullptr, 1.0);
-        counters[0]++;
-        return y;
-      }
+      if (auto y = planned_forward(*p, x, 1.0)) return *y;
     }
   }
   counters[2]++;
@@ -330,12 +337,7 @@ at::Tensor aten_backward(const at::Tensor& grad, const at::Tensor& y, int64_t di
       grad.strides() == y.strides() && dim >= -y.dim() && dim < y.dim()) {
     const int64_t d = dim < 0 ? dim + y.dim() : dim;
     std::shared_ptr<const Plan> p = find(make_key(y, 1, d, aten_mode + 2 * Log));
-    if (p && pointers_match(*p, grad, y, &y)) {
-      at::Tensor dx = at::empty_like(y);
-      start(*p, grad, dx, &y, 1.0);
-      counters[1]++;
-      return dx;
-    }
+    if (auto dx = planned_backward(p.get(), grad, y, 1.0)) return *dx;
   }
   counters[3]++;
   py::gil_scoped_acquire gil;
