@@ -37,7 +37,7 @@ from . import coop, launches
 from .coop import CoopFamily
 from .exchange import cluster_arrive, finish_departure, row_max_sum, row_sum, take_ticket
 from .launch_modes import NO_MODES, LaunchModes
-from .row_ops import exp, grad_input, grad_term, load_f32, row_offsets, store_out
+from .row_ops import exp, grad_input, grad_term, load_f32, ref_max, row_offsets, store_out
 from .smem_launch import (
     SmemLaunch,
     balanced_config,
@@ -176,7 +176,7 @@ def _edge_max_sum(x_e, lanes, scale, m, s):
     the lanes of _edge_lanes)."""
     z = gl.where(lanes, x_e * scale, float("-inf"))
     m_new = gl.maximum(m, gl.max(z, 0))
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    m_ref = ref_max(m_new)
     return m_new, s * exp(m - m_ref) + gl.sum(exp(z - m_ref), 0)
 
 
@@ -221,7 +221,7 @@ def _chunk_max_sum(buf, first, offs, lo, hi, scale, TILES: gl.constexpr, BLOCK: 
             v = gl.where(_row_lanes(first + t * BLOCK + offs, lo, hi, LEAD), v, hole)
         ev = _max_of_flipped(ev, v, flip)
     m = gl.max(ev.to(gl.float32), 0) * gl.abs(scale)
-    m_ref = gl.where(m == float("-inf"), 0.0, m)
+    m_ref = ref_max(m)
     sv = gl.zeros([BLOCK], gl.float32, layout)
     for t in gl.static_range(TILES):
         v = buf.index(t).load(layout).to(gl.float32)
