@@ -18,6 +18,7 @@ launch; any other call runs the Python implementations below, which hand their l
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -99,11 +100,35 @@ def patch_torch() -> Iterator[None]:
         ...     loss = F.cross_entropy(model(batch), target)   # its log_softmax runs tritonsoftmax
         ...     loss.backward()
     """
-    remove = _register(["CUDA"] + (["CPU"] if interpreter_active() else []))
+    _enter()
     try:
         yield
     finally:
-        remove()
+        _exit()
+
+
+# The blocks open now, and what removes their registrations: the outermost block registers and its exit removes
+# them, since the registry takes one Python kernel a dispatch key (torch 2.11 raises on a second).
+_depth = 0
+_remove: Callable[[], None] | None = None
+_lock = threading.Lock()
+
+
+def _enter() -> None:
+    global _depth, _remove
+    with _lock:
+        if _depth == 0:
+            _remove = _register(["CUDA"] + (["CPU"] if interpreter_active() else []))
+        _depth += 1
+
+
+def _exit() -> None:
+    global _depth, _remove
+    with _lock:
+        _depth -= 1
+        if _depth == 0 and _remove is not None:
+            _remove()
+            _remove = None
 
 
 def _register(keys: list[str]) -> Callable[[], None]:
