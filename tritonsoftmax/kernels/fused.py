@@ -116,14 +116,15 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
                      mask=mask)
+        # A TAIL (or MID) is only given to a row longer than half the block (constexprs.row_tail, row_pieces), so
+        # the half (and MID) lie wholly in the row: read and written without a mask.
         elif MID == 0:
             cols = tl.arange(0, BLOCK_N // 2)
             cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
-            mask, mask_t = cols < N, cols_t < N
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
-                               cols_t * stride_y_col, mask, mask_t, scale, LOG, ZERO_MASKED)
+                               cols_t * stride_y_col, None, cols_t < N, scale, LOG, ZERO_MASKED)
         else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
@@ -131,8 +132,8 @@ def _fused_fwd_tile(
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             _softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
-                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, cols < N,
-                                 cols_m < N, cols_t < N, scale, LOG, ZERO_MASKED)
+                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
+                                 cols_t < N, scale, LOG, ZERO_MASKED)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -151,14 +152,16 @@ def _fused_fwd_tile(
         cols = tl.arange(0, BLOCK_N // 2)
         cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
         row_ok = (rows < M)[:, None]
-        mask, mask_t = row_ok & (cols < N)[None, :], row_ok & (cols_t < N)[None, :]
+        # the half (and MID) lie wholly in each row, as in the one-row case above: masked by rows only (a row past
+        # M computes on zeros and stores nothing)
+        mask, mask_t = row_ok, row_ok & (cols_t < N)[None, :]
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         z, z_t = load_scaled(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
         m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))
         if MID:  # and a [ROWS, MID] tile between them (the tail then starts after it)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
-            mask_m = row_ok & (cols_m < N)[None, :]
+            mask_m = row_ok
             x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
             z_m = load_scaled(x_ptr + x_off_m, mask_m, scale)
             m = tl.maximum(m, tl.max(z_m, axis=1))
