@@ -361,3 +361,16 @@ def test_fused_rows_in_three_pieces_compile_for_sm_90_and_load_what_they_hold(bl
     for whole, pieces in zip(ptxs[::2], ptxs[1::2], strict=True):
         loads = [ptx.count("ld.global") for ptx in (whole, pieces)]
         assert loads[1] * block == loads[0] * (block // 2 + mid + tail), loads
+
+
+def test_folded_pieces_reduce_once_across_the_program():
+    """FOLD (a bf16 row of 1536 as 1024 + 512 on 2 warps: the tail spans the layout's 8 x 64 elements): the half
+    folds onto the tail in registers, so the max and the sum cross the program's warps once each (fewer barriers,
+    half the shuffles), with the same loads and one exp an element either way (the compiled sm_90 PTX)."""
+    base = {"LOG": 0, "ZERO_MASKED": 0, "BLOCK_N": 2048, "ROWS": 1, "TAIL": 512, "VEC": 8}
+    cases = [["fused", "_softmax_fused_fwd_kernel", "bf16", {**base, "FOLD": fold}] for fold in (0, 1)]
+    plain, folded = run_compile_script("kernel_compile.py", json.dumps(cases))
+    assert folded.count("bar.sync") < plain.count("bar.sync")
+    assert 2 * folded.count("shfl.sync") == plain.count("shfl.sync")
+    assert folded.count("ld.global") == plain.count("ld.global")
+    assert folded.count("ex2.approx") == plain.count("ex2.approx") == (1024 + 512) // 64

@@ -210,3 +210,45 @@ def test_held_pieces_take_any_scale_and_extreme_values(dtype, N, rows, held, per
         assert err <= FWD_TOL[dtype], f"scale {s}: {err}"
         if per_row:
             break  # the per-row scales already cycled through every sign
+
+
+# (dtype, N, warps, HELD): tails that span a repetition of the layout (16 bytes a thread over 4 warps: 512 fp32,
+# 1024 16-bit elements), so the half (and MID) fold onto them (FOLD), two and three pieces
+FOLD_CASES = [(torch.float32, 1536, 4, 1), (torch.bfloat16, 3072, 4, 1), (torch.float32, 6464, 4, 2),
+              (torch.bfloat16, 10816, 4, 2), (torch.float16, 9024, 4, 1)]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,warps,held", FOLD_CASES,
+                         ids=[f"{str(d)[6:]}-{n}-w{w}-held{h}" for d, n, w, h in FOLD_CASES])
+def test_folded_pieces_match_reference(dtype, N, warps, held, log):
+    """FOLD (constexprs.held_fold): a one-row tile whose tail spans its layout's repetition folds the half (and
+    MID) onto the tail for one reduction a row; the extreme rows and scales of the test above, every element."""
+    block = next_power_of_2(N)
+    M = 9
+    x = _extreme_rows(dtype, N, M, seed=N + 1)
+    config = LaunchConfig.make(warps, BLOCK_N=block, ROWS=1, HELD=held)
+    for s in (1.0, -0.5):
+        out = poisoned_like(x)
+        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device),
+                                      flags={"LOG": int(log), "ZERO_MASKED": 1})
+        fwd(x, out, s)
+        assert fwd.flags["FOLD"] == 1 and (fwd.flags["MID"] > 0) == (held == 2)
+        want = _scaled_reference(x.cpu(), torch.tensor([s] * M), log, zero_masked=True)
+        got = out.double().cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN where torch's is NaN (scale {s})"
+        inf = torch.isinf(want.to(dtype))
+        ok = ~torch.isnan(want)
+        assert torch.equal(torch.isinf(got[ok]), inf[ok])
+        fin = ok & ~inf
+        err = ((got - want).abs() / want.abs().clamp(min=1))[fin].max().item()
+        assert err <= FWD_TOL[dtype], f"scale {s}: {err}"
+
+
+def test_fold_needs_a_tail_that_spans_the_layout():
+    assert constexprs.held_fold(4096, 1, 1, 2, 32, 16) == 1  # 8 bf16 a thread x 512 threads
+    assert constexprs.held_fold(1024, 1, 1, 2, 32, 8) == 0   # a 2048-element repetition
+    assert constexprs.held_fold(1024, 1, 1, 4, 32, 8) == 1   # 4 fp32 a thread x 256 threads
+    assert constexprs.held_fold(4096, 2, 1, 2, 32, 4) == 0, "several-row tiles do not fold"
+    assert constexprs.held_fold(4096, 1, 8, 2, 32, 4) == 0, "nor realigned rows"
+    assert constexprs.held_fold(1024, 1, 1, 2, 64, 4) == 0, "wave64: 2048-element repetitions"

@@ -95,6 +95,13 @@ def row_tail(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> in
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
 
 
+def held_fold(tail: int, rows: int, align: int, itemsize: int, warp_size: int, num_warps: int) -> int:
+    """FOLD for the fused forward: 1 where a one-row tile on the plain path (rows 1, align 1) holds a TAIL of at
+    least the elements one repetition of its layout spans (16 bytes a thread, every thread of the program): the
+    half and MID then fold onto the tail within each thread's registers."""
+    return int(rows == 1 and align == 1 and tail > 0 and tail >= (16 // itemsize) * warp_size * num_warps)
+
+
 def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, pieces: bool = False) -> int:
     """The elements a fused tile of block_n holds for a row of N: half the block plus its tail (row_tail), with
     ``pieces`` half plus MID plus TAIL where row_pieces gives three pieces, or the whole block."""

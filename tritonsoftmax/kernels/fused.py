@@ -9,6 +9,7 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import constexprs, launches, sizing
+from .held_pieces import softmax_three_parts, softmax_two_parts
 from .kernel_family import Family
 from .row_ops import (
     DROP,
@@ -60,42 +61,13 @@ def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32
 
 
 @triton.jit
-def _softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, scale, LOG: tl.constexpr,
-                       ZERO_MASKED: tl.constexpr):
-    """Softmax of one row held as two 1-D pieces (a realigned row's body and end groups; a row's first
-    half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
-    output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes."""
-    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
-    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
-    m = ref_max(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)))
-    s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
-    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
-    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
-
-
-@triton.jit
-def _softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
-                         LOG: tl.constexpr, ZERO_MASKED: tl.constexpr):
-    """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
-    held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
-    y_ptr + base + y_*, the same lanes (masked lanes -inf)."""
-    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
-    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
-    z_c = load_scaled(x_ptr + base + x_c, mask_c, scale)
-    m = ref_max(tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0)))
-    s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0) + tl.sum(exp(z_c - m), axis=0)
-    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
-    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
-    tl.store(y_ptr + base + y_c, finish(z_c, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_c)
-
-
-@triton.jit
 def _fused_fwd_tile(
     x_ptr, y_ptr, tile, scale, M, N, INNER,
     stride_x_outer, stride_x_inner, stride_x_col,
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr, MID: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1:
@@ -123,17 +95,17 @@ def _fused_fwd_tile(
             cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
-            _softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
-                               cols_t * stride_y_col, None, cols_t < N, scale, LOG, ZERO_MASKED)
+            softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
+                               cols_t * stride_y_col, None, cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
         else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
             cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
-            _softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
+            softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
                                  cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
-                                 cols_t < N, scale, LOG, ZERO_MASKED)
+                                 cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -186,10 +158,10 @@ def _fused_fwd_tile(
         start = row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
         if TAIL == 0:
             base, pos, mask, pos_e, mask_e = whole_row_lanes(start, N, BLOCK_N, ALIGN)
-            _softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
+            softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
         else:
             base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(start, N, BLOCK_N // 2, TAIL, ALIGN)
-            _softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, pos, pos_t, pos_e, mask, mask_t, mask_e, scale,
+            softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, pos, pos_t, pos_e, mask, mask_t, mask_e, scale,
                                  LOG, ZERO_MASKED)
 
 
@@ -202,7 +174,7 @@ def _softmax_fused_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
-    MID: tl.constexpr = 0,
+    MID: tl.constexpr = 0, FOLD: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -238,6 +210,9 @@ def _softmax_fused_fwd_kernel(
     kernel_family.pruned_for_key).
     ROW_SCALE: ``scale`` points to one float32 scale a row (row order) instead of being one for all rows
     (a per-row temperature; row_ops.row_scale).
+    FOLD (one-row tiles on the plain path with a TAIL; constexprs.held_fold): the TAIL spans at least one
+    repetition of the tile's layout (16 bytes a thread over the program's threads), so the half (and MID) fold onto
+    it in registers and the row's max and sum take one reduction across the program each, not one a piece.
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -245,12 +220,12 @@ def _softmax_fused_fwd_kernel(
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                        I32, ROW_SCALE, MID)
+                        I32, ROW_SCALE, MID, FOLD)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                             stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                            I32, ROW_SCALE, MID)
+                            I32, ROW_SCALE, MID, FOLD)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -17,7 +17,16 @@ from triton.runtime import driver
 from ..config import LaunchConfig, autotune_enabled, m_bucket, n_bucket, next_power_of_2
 from ..device import DeviceInfo, cuda_index, device_info
 from ..layout import RowProblem, matrix_problem
-from .constexprs import check_dense, check_same_layout, row_align, row_pieces, row_tail, row_vec, whole_chunks
+from .constexprs import (
+    check_dense,
+    check_same_layout,
+    held_fold,
+    row_align,
+    row_pieces,
+    row_tail,
+    row_vec,
+    whole_chunks,
+)
 from .triton_launcher import (
     COMPILE_OPTIONS,
     PORTABLE_CLUSTER,
@@ -152,6 +161,10 @@ class PreparedLaunch(Launch):
             self.flags["TAIL"] = tail if held or meta.get("ROWS", 1) == 1 else 0
             if "MID" in self.family.kernel.arg_names:
                 self.flags["MID"] = mid
+            if "FOLD" in self.family.kernel.arg_names:  # a config's warps decide it: 0 while autotuning
+                self.flags["FOLD"] = 0 if self.config is None else held_fold(
+                    self.flags["TAIL"], meta.get("ROWS", 1), self.flags.get("ALIGN", 1), sizes[0],
+                    self.device.warp_size, self.config.num_warps)
         if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
             self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 

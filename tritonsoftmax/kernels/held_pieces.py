@@ -1,0 +1,62 @@
+"""The fused forward's rows held as 1-D pieces (a half block and a tail, with MID three; a realigned row's body and
+end groups): each piece loaded scaled, the row's max and sum over all of them, the output written piece by piece."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .row_ops import exp, finish, load_scaled, ref_max
+
+
+@triton.jit
+def _folded(v, T: tl.constexpr):
+    """A 1-D piece of a multiple of T elements as [len / T, T], to be reduced along its first axis: with T at least
+    the elements one layout repetition spans (FOLD), those are one thread's registers, so the reduction takes no
+    shuffle or barrier."""
+    return tl.reshape(v, [v.shape[0] // T, T])
+
+
+@triton.jit
+def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, scale, LOG: tl.constexpr,
+                       ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+    """Softmax of one row held as two 1-D pieces (a realigned row's body and end groups; a row's first
+    half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
+    output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes. FOLD (the second piece's length divides
+    the first's): the first piece folded onto the second in registers (_folded), so the row's max and sum each
+    take one reduction across the program, not two."""
+    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
+    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
+    if FOLD:
+        T: tl.constexpr = z_b.shape[0]
+        m = ref_max(tl.max(tl.maximum(tl.max(_folded(z_a, T), axis=0), z_b), axis=0))
+        s = tl.sum(tl.sum(_folded(exp(z_a - m), T), axis=0) + exp(z_b - m), axis=0)
+    else:
+        m = ref_max(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)))
+        s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
+    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
+    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+
+
+@triton.jit
+def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
+                         LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+    """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
+    held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
+    y_ptr + base + y_*, the same lanes (masked lanes -inf). FOLD: as in softmax_two_parts, the first two pieces
+    folded onto the third."""
+    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
+    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
+    z_c = load_scaled(x_ptr + base + x_c, mask_c, scale)
+    if FOLD:
+        T: tl.constexpr = z_c.shape[0]
+        top = tl.maximum(tl.max(_folded(z_a, T), axis=0), tl.max(_folded(z_b, T), axis=0))
+        m = ref_max(tl.max(tl.maximum(top, z_c), axis=0))
+        s = tl.sum(tl.sum(_folded(exp(z_a - m), T), axis=0) + tl.sum(_folded(exp(z_b - m), T), axis=0)
+                   + exp(z_c - m), axis=0)
+    else:
+        m = ref_max(tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0)))
+        s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0) + tl.sum(exp(z_c - m), axis=0)
+    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
+    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+    tl.store(y_ptr + base + y_c, finish(z_c, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_c)
