@@ -223,15 +223,16 @@ FOLD_CASES = [(torch.float32, 1536, 4, 1), (torch.bfloat16, 3072, 4, 1), (torch.
                          ids=[f"{str(d)[6:]}-{n}-w{w}-held{h}" for d, n, w, h in FOLD_CASES])
 def test_folded_pieces_match_reference(dtype, N, warps, held, log):
     """FOLD (constexprs.held_fold): a one-row tile whose tail spans its layout's repetition folds the half (and
-    MID) onto the tail for one reduction a row; the extreme rows and scales of the test above, every element."""
+    MID) onto the tail for one reduction a row (softmax; log_softmax is not folded by the launch, so the folded
+    kernel is asked for); the extreme rows and scales of the test above, every element."""
     block = next_power_of_2(N)
     M = 9
     x = _extreme_rows(dtype, N, M, seed=N + 1)
     config = LaunchConfig.make(warps, BLOCK_N=block, ROWS=1, HELD=held)
     for s in (1.0, -0.5):
         out = poisoned_like(x)
-        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device),
-                                      flags={"LOG": int(log), "ZERO_MASKED": 1})
+        flags = {"LOG": int(log), "ZERO_MASKED": 1, **({"FOLD": 1} if log else {})}
+        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device), flags=flags)
         fwd(x, out, s)
         assert fwd.flags["FOLD"] == 1 and (fwd.flags["MID"] > 0) == (held == 2)
         want = _scaled_reference(x.cpu(), torch.tensor([s] * M), log, zero_masked=True)
@@ -252,3 +253,4 @@ def test_fold_needs_a_tail_that_spans_the_layout():
     assert constexprs.held_fold(4096, 2, 1, 2, 32, 4) == 0, "several-row tiles do not fold"
     assert constexprs.held_fold(4096, 1, 8, 2, 32, 4) == 0, "nor realigned rows"
     assert constexprs.held_fold(1024, 1, 1, 2, 64, 4) == 0, "wave64: 2048-element repetitions"
+    assert constexprs.held_fold(4096, 1, 1, 2, 32, 16, log=True) == 0, "log_softmax stays unfolded"

@@ -95,11 +95,15 @@ def row_tail(N: int, block_n: int, align: int = 1, any_tail: bool = False) -> in
     return tail if tail <= block_n // TAIL_MAX_SHARE else 0
 
 
-def held_fold(tail: int, rows: int, align: int, itemsize: int, warp_size: int, num_warps: int) -> int:
+def held_fold(tail: int, rows: int, align: int, itemsize: int, warp_size: int, num_warps: int,
+              log: bool = False) -> int:
     """FOLD for the fused forward: 1 where a one-row tile on the plain path (rows 1, align 1) holds a TAIL of at
     least the elements one repetition of its layout spans (16 bytes a thread, every thread of the program): the
-    half and MID then fold onto the tail within each thread's registers."""
-    return int(rows == 1 and align == 1 and tail > 0 and tail >= (16 // itemsize) * warp_size * num_warps)
+    half and MID then fold onto the tail within each thread's registers. Not for log_softmax (``log``): compiled
+    folded, it holds more registers a thread (sm_90, bf16 10816 on 16 warps: 58 against 40, two programs an SM
+    where three fit), which may cost more than the barriers it saves."""
+    return int(not log and rows == 1 and align == 1 and tail > 0
+               and tail >= (16 // itemsize) * warp_size * num_warps)
 
 
 def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, pieces: bool = False) -> int:

@@ -161,10 +161,10 @@ class PreparedLaunch(Launch):
             self.flags["TAIL"] = tail if held or meta.get("ROWS", 1) == 1 else 0
             if "MID" in self.family.kernel.arg_names:
                 self.flags["MID"] = mid
-            if "FOLD" in self.family.kernel.arg_names:  # a config's warps decide it: 0 while autotuning
+            if "FOLD" in self.family.kernel.arg_names and "FOLD" not in self.flags:  # 0 while autotuning
                 self.flags["FOLD"] = 0 if self.config is None else held_fold(
                     self.flags["TAIL"], meta.get("ROWS", 1), self.flags.get("ALIGN", 1), sizes[0],
-                    self.device.warp_size, self.config.num_warps)
+                    self.device.warp_size, self.config.num_warps, bool(self.flags.get("LOG", 0)))
         if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
             self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 
