@@ -268,7 +268,7 @@ def _softmax_fused_bwd_kernel(
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N // 2)
         cols_t = BLOCK_N // 2 + MID + tl.arange(0, TAIL)
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        mask = (rows < M)[:, None]  # the half (and MID) lie wholly in each row (row_tail, row_pieces)
         mask_t = (rows < M)[:, None] & (cols_t < N)[None, :]
         g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
@@ -277,7 +277,7 @@ def _softmax_fused_bwd_kernel(
         red = tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1)
         if MID:  # and the [ROWS, MID] tile between the half and the tail
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
-            mask_m = (rows < M)[:, None] & (cols_m < N)[None, :]
+            mask_m = (rows < M)[:, None]
             g_off_m = _tile_offsets(rows, cols_m, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
             dy_m, y_m = load_f32(dy_ptr + g_off_m, mask_m), load_f32(y_ptr + g_off_m, mask_m)
             red += tl.sum(grad_term(dy_m, y_m, LOG), axis=1)
