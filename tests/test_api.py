@@ -226,24 +226,24 @@ def test_warm_path_passes_every_constexpr_including_defaults():
     plain = LaunchConfig.make(4, BLOCK_N=1024, ROWS=2)
     flags = {"LOG": 0, "ZERO_MASKED": 1}
     assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags}) == (
-        0, 1, 1024, 2, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0)
+        0, 1, 1024, 2, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0)
     piped = LaunchConfig.make(16, BLOCK_N=16384, ROWS=1, STAGES=3, PER_SM=1)
     flags["ALIGN"] = 8
     assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(piped.meta), **flags}) == (
-        0, 1, 16384, 1, 3, 1, 8, 1, 0, 0, 0, 0, 0, 0)
+        0, 1, 16384, 1, 3, 1, 8, 1, 0, 0, 0, 0, 0, 0, 0)
     flags.update(ALIGN=1, VEC=4, TAIL=8)
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-8:] == (
-        1, 4, 8, 0, 0, 0, 0, 0)
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-9:] == (
+        1, 4, 8, 0, 0, 0, 0, 0, 0)
     wide = {**dict(plain.with_meta(I32=1).meta), **flags}
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, wide)[-5:] == (1, 0, 0, 0, 0)
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, wide)[-6:] == (1, 0, 0, 0, 0, 0)
     held = {**dict(plain.with_meta(HELD=1).meta), **flags}
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, held)[-4:] == (1, 0, 0, 0)
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, held)[-5:] == (1, 0, 0, 0, 0)
     quarters = {**dict(plain.with_meta(HELD=2).meta), **flags, "MID": 512}
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, quarters)[-4:] == (2, 0, 512, 0)
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, quarters)[-5:] == (2, 0, 512, 0, 0)
     flags["ROW_SCALE"] = 1
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-3:] == (1, 0, 0)
-    folded = {**dict(plain.meta), **flags, "FOLD": 1}
-    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, folded)[-1] == 1
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, {**dict(plain.meta), **flags})[-4:] == (1, 0, 0, 0)
+    folded = {**dict(plain.meta), **flags, "FOLD": 1, "WHOLE": 1}
+    assert triton_launcher.constexpr_values(fused.FAMILY.kernel, folded)[-2:] == (1, 1)
 
 
 def _fake_launcher(call, **attrs):

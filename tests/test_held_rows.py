@@ -1,5 +1,6 @@
 """Fused rows held as half a block plus a tail at any length (HELD): the tail each length gets, and every
-element against float64, forward and backward, one-row and several-row tiles, on and off 16-byte boundaries."""
+element against float64, forward and backward, one-row and several-row tiles, on and off 16-byte boundaries; and
+rows that fill their block (WHOLE) without column masks."""
 
 import pytest
 import torch
@@ -178,6 +179,20 @@ def _scaled_reference(x, scales, log, zero_masked):
     return want
 
 
+def _assert_scaled_close(out, x, scales, log, zero_masked, dtype, what):
+    """``out`` against _scaled_reference: NaN exactly where it is NaN, -inf where it is -inf once rounded to
+    ``dtype`` (log-probabilities past the dtype's range), every other element within FWD_TOL."""
+    want = _scaled_reference(x.cpu(), scales, log, zero_masked)
+    got = out.double().cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN where torch's is NaN"
+    ok = ~torch.isnan(want)
+    inf = torch.isinf(want.to(dtype))
+    assert torch.equal(torch.isinf(got[ok]), inf[ok]), f"{what}: -inf where torch's is, in {dtype}"
+    fin = ok & ~inf
+    err = ((got - want).abs() / want.abs().clamp(min=1))[fin].max().item()
+    assert err <= FWD_TOL[dtype], f"{what}: {err}"
+
+
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
 @pytest.mark.parametrize("per_row", [False, True], ids=["scale", "row-scales"])
 @pytest.mark.parametrize("dtype,N,rows,held", RAW_CASES,
@@ -193,21 +208,12 @@ def test_held_pieces_take_any_scale_and_extreme_values(dtype, N, rows, held, per
     for i, s in enumerate(EXTREME_SCALES):
         scales = torch.tensor([EXTREME_SCALES[(r + i) % 4] for r in range(M)] if per_row else [s] * M)
         out = poisoned_like(x)
-        # zero_masked_rows throughout: with a scale of 0 the row of all -inf is all NaN (-inf * 0), which stays NaN
         flags = {"LOG": int(log), "ZERO_MASKED": 1, **({"ROW_SCALE": 1} if per_row else {})}
         fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device), flags=flags)
         fwd(x, out, scales.to(DEVICE, torch.float32) if per_row else s)
         assert fwd.flags["TAIL"] > 0 and fwd.flags["ALIGN"] == 1, "the held form on the plain path"
         assert fwd.flags["MID"] > 0 or held == 1
-        want = _scaled_reference(x.cpu(), scales, log, zero_masked=True)
-        got = out.double().cpu()
-        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN where torch's is NaN (scale {s})"
-        ok = ~torch.isnan(want)
-        inf = torch.isinf(want.to(dtype))  # log-probabilities past the dtype's range round to -inf
-        assert torch.equal(torch.isinf(got[ok]), inf[ok]), f"-inf where torch's is, in {dtype} (scale {s})"
-        fin = ok & ~inf
-        err = ((got - want).abs() / want.abs().clamp(min=1))[fin].max().item()
-        assert err <= FWD_TOL[dtype], f"scale {s}: {err}"
+        _assert_scaled_close(out, x, scales, log, True, dtype, f"scale {s}")
         if per_row:
             break  # the per-row scales already cycled through every sign
 
@@ -235,15 +241,40 @@ def test_folded_pieces_match_reference(dtype, N, warps, held, log):
         fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device), flags=flags)
         fwd(x, out, s)
         assert fwd.flags["FOLD"] == 1 and (fwd.flags["MID"] > 0) == (held == 2)
-        want = _scaled_reference(x.cpu(), torch.tensor([s] * M), log, zero_masked=True)
-        got = out.double().cpu()
-        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"NaN where torch's is NaN (scale {s})"
-        inf = torch.isinf(want.to(dtype))
-        ok = ~torch.isnan(want)
-        assert torch.equal(torch.isinf(got[ok]), inf[ok])
-        fin = ok & ~inf
-        err = ((got - want).abs() / want.abs().clamp(min=1))[fin].max().item()
-        assert err <= FWD_TOL[dtype], f"scale {s}: {err}"
+        _assert_scaled_close(out, x, torch.tensor([s] * M), log, True, dtype, f"scale {s}")
+
+
+# (dtype, N, rows a program): rows that fill their block (WHOLE), one a program and several with M not a multiple
+WHOLE_CASES = [(torch.float32, 1024, 1), (torch.bfloat16, 4096, 1), (torch.float16, 256, 4), (torch.float32, 128, 8)]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("dtype,N,rows", WHOLE_CASES, ids=[f"{str(d)[6:]}-{n}-r{r}" for d, n, r in WHOLE_CASES])
+def test_rows_that_fill_their_block_go_without_column_masks(dtype, N, rows, log):
+    """WHOLE (constexprs.whole_rows): N == BLOCK_N on the plain paths loads, reduces and stores without a column
+    mask (several rows: by rows only, the last tile's rows past M loading 0 and storing nothing); the extreme rows
+    under scales 1, 0.37, -0.5 and 0, every element, and nothing written past the last row."""
+    M = 4 * rows + 1 if rows > 1 else 9
+    x = _extreme_rows(dtype, N, M, seed=N + 2)
+    base = poisoned_like(_extreme_rows(dtype, N, M + 3, seed=0))
+    config = LaunchConfig.make(4, BLOCK_N=N, ROWS=rows)
+    for s in EXTREME_SCALES:
+        base.fill_(float("nan"))
+        out = base[:M]
+        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device),
+                                      flags={"LOG": int(log), "ZERO_MASKED": 1})
+        fwd(x, out, s)
+        assert fwd.flags["WHOLE"] == 1 and fwd.flags["TAIL"] == 0
+        _assert_scaled_close(out, x, torch.tensor([s] * M), log, True, dtype, f"scale {s}")
+        assert torch.isnan(base[M:]).all(), "the rows past M are not written"
+
+
+def test_whole_rows_needs_a_row_that_fills_its_block():
+    assert constexprs.whole_rows(1024, 1024, 0, 1, 1) == 1
+    assert constexprs.whole_rows(1000, 1024, 0, 1, 1) == 0
+    assert constexprs.whole_rows(1024, 2048, 0, 1, 1) == 0, "a block past the row"
+    assert constexprs.whole_rows(1024, 1024, 0, 1, 8) == 0, "a realigned row holds its own lanes"
+    assert constexprs.whole_rows(1024, 1024, 0, 4, 8) == 1, "several-row tiles keep the plain path"
 
 
 def test_fold_needs_a_tail_that_spans_the_layout():

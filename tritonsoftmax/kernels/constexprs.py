@@ -106,6 +106,12 @@ def held_fold(tail: int, rows: int, align: int, itemsize: int, warp_size: int, n
                and tail >= (16 // itemsize) * warp_size * num_warps)
 
 
+def whole_rows(N: int, block_n: int, tail: int, rows: int, align: int) -> int:
+    """WHOLE for the fused forward: 1 where a row fills its block exactly (N == block_n) on a plain path (no TAIL;
+    one row a program with align 1, or several rows), so that no lane needs a column mask."""
+    return int(N == block_n and tail == 0 and (rows > 1 or align == 1))
+
+
 def held_length(N: int, block_n: int, align: int = 1, any_tail: bool = False, pieces: bool = False) -> int:
     """The elements a fused tile of block_n holds for a row of N: half the block plus its tail (row_tail), with
     ``pieces`` half plus MID plus TAIL where row_pieces gives three pieces, or the whole block."""

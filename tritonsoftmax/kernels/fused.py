@@ -21,6 +21,7 @@ from .row_ops import (
     held_row_lanes,
     load_f32,
     load_scaled,
+    load_scaled_rows,
     ref_max,
     row_offsets,
     row_scale,
@@ -67,7 +68,7 @@ def _fused_fwd_tile(
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr, MID: tl.constexpr,
-    FOLD: tl.constexpr,
+    FOLD: tl.constexpr, WHOLE: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1:
@@ -80,7 +81,7 @@ def _fused_fwd_tile(
         # reduction can span a CTA cluster (num_ctas) on triton 3.8.
         if TAIL == 0:
             cols = tl.arange(0, BLOCK_N)
-            mask = cols < N
+            mask = None if WHOLE else cols < N
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             z = load_scaled(x_row + cols * stride_x_col, mask, scale)
             m = ref_max(tl.max(z, axis=0))
@@ -109,9 +110,13 @@ def _fused_fwd_tile(
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
-        mask = (rows < M)[:, None] & (cols < N)[None, :]
-        z = load_scaled(x_ptr + _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32),
-                        mask, scale)
+        x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
+        if WHOLE:  # masked by rows only
+            mask = (rows < M)[:, None]
+            z = load_scaled_rows(x_ptr + x_off, mask, scale)
+        else:
+            mask = (rows < M)[:, None] & (cols < N)[None, :]
+            z = load_scaled(x_ptr + x_off, mask, scale)
         m = ref_max(tl.max(z, axis=1))[:, None]
         s = tl.sum(exp(z - m), axis=1)[:, None]
         y = finish(z, m, s, LOG, ZERO_MASKED)
@@ -129,13 +134,13 @@ def _fused_fwd_tile(
         mask, mask_t = row_ok, row_ok & (cols_t < N)[None, :]
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
-        z, z_t = load_scaled(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
+        z, z_t = load_scaled_rows(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
         m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))
         if MID:  # and a [ROWS, MID] tile between them (the tail then starts after it)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
             mask_m = row_ok
             x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
-            z_m = load_scaled(x_ptr + x_off_m, mask_m, scale)
+            z_m = load_scaled_rows(x_ptr + x_off_m, mask_m, scale)
             m = tl.maximum(m, tl.max(z_m, axis=1))
         m = ref_max(m)[:, None]
         s = tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1)
@@ -174,7 +179,7 @@ def _softmax_fused_fwd_kernel(
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STAGES: tl.constexpr = 1, PER_SM: tl.constexpr = 0, ALIGN: tl.constexpr = 1, VEC: tl.constexpr = 1,
     TAIL: tl.constexpr = 0, I32: tl.constexpr = 0, HELD: tl.constexpr = 0, ROW_SCALE: tl.constexpr = 0,
-    MID: tl.constexpr = 0, FOLD: tl.constexpr = 0,
+    MID: tl.constexpr = 0, FOLD: tl.constexpr = 0, WHOLE: tl.constexpr = 0,
 ):
     """Softmax (or log_softmax, LOG) of ROWS whole rows per program, held as one [ROWS, BLOCK_N] tile
     (one row: a [BLOCK_N] vector).
@@ -213,6 +218,9 @@ def _softmax_fused_fwd_kernel(
     FOLD (one-row tiles on the plain path with a TAIL; constexprs.held_fold): the TAIL spans at least one
     repetition of the tile's layout (16 bytes a thread over the program's threads), so the half (and MID) fold onto
     it in registers and the row's max and sum take one reduction across the program each, not one a piece.
+    WHOLE (constexprs.whole_rows): N == BLOCK_N on the plain paths (TAIL 0; one row with ALIGN 1, or several rows):
+    no lane of a row is masked, so loads, stores and the max take no column mask (several rows: rows past M load 0
+    and store nothing).
     """
     pid = tl.program_id(0)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
@@ -220,12 +228,12 @@ def _softmax_fused_fwd_kernel(
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                        I32, ROW_SCALE, MID, FOLD)
+                        I32, ROW_SCALE, MID, FOLD, WHOLE)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                             stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                            I32, ROW_SCALE, MID, FOLD)
+                            I32, ROW_SCALE, MID, FOLD, WHOLE)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

@@ -26,6 +26,7 @@ from .constexprs import (
     row_tail,
     row_vec,
     whole_chunks,
+    whole_rows,
 )
 from .triton_launcher import (
     COMPILE_OPTIONS,
@@ -165,6 +166,9 @@ class PreparedLaunch(Launch):
                 self.flags["FOLD"] = 0 if self.config is None else held_fold(
                     self.flags["TAIL"], meta.get("ROWS", 1), self.flags.get("ALIGN", 1), sizes[0],
                     self.device.warp_size, self.config.num_warps, bool(self.flags.get("LOG", 0)))
+            if "WHOLE" in self.family.kernel.arg_names and "WHOLE" not in self.flags:  # 0 while autotuning
+                self.flags["WHOLE"] = 0 if self.config is None else whole_rows(
+                    self.problem.N, block_n, self.flags["TAIL"], meta.get("ROWS", 1), self.flags.get("ALIGN", 1))
         if "FULL" in self.family.kernel.arg_names and "FULL" not in self.flags:
             self.flags["FULL"] = whole_chunks(self.problem, self.config, self.flags.get("ALIGN", 1), sizes[0])
 

@@ -183,6 +183,13 @@ def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
 
 
 @triton.jit
+def load_scaled_rows(ptrs, row_mask, scale):
+    """load_scaled for a tile whose lanes all lie in their rows, but for whole rows past the last (``row_mask``, a
+    [ROWS, 1] column): those load 0 rather than -inf, since nothing of theirs is stored, so no select an element."""
+    return tl.fma(load_f32(ptrs, row_mask), scale, 0.0)
+
+
+@triton.jit
 def row_scale(scale, row, ROW_SCALE: tl.constexpr):
     """The scale of ``row``: ``scale`` itself (a float for every row), or with ROW_SCALE the row's entry of the
     per-row scales (float32, one a row in row order) that ``scale`` points to."""
