@@ -126,6 +126,9 @@ class PreparedLaunch(Launch):
             warnings.warn(f"tritonsoftmax: stored config ({self.config}) for {self.family.name} failed "
                           f"({type(e).__name__}: {e}); autotuning instead", RuntimeWarning, stacklevel=2)
             self.config, self.from_store = None, False
+            for name in CONFIG_FLAGS:  # derived from the failed config: the autotuner's configs run without them
+                if name in self.flags:
+                    self.flags[name] = 0
             return self._autotune(x, y, extra)
         return self.config
 
@@ -248,6 +251,11 @@ class PreparedLaunch(Launch):
         self.autotuned = True
         self.autotuned_ms = best[0] if isinstance(best, (list, tuple)) else best
         return None
+
+
+# Flags a launch derives from its config's meta and warps (_set_align), not from the problem alone: 0 while
+# autotuning, whose configs differ in both (WHOLE promises the block is the row: another block would read past it).
+CONFIG_FLAGS = ("FOLD", "WHOLE")
 
 
 def launch_matrix(family: Family, x2d: torch.Tensor, out2d: torch.Tensor, config: LaunchConfig | None,
