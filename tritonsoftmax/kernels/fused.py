@@ -97,7 +97,7 @@ def _fused_fwd_tile(
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
-                               cols_t * stride_y_col, None, cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
+                              cols_t * stride_y_col, None, cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
         else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
@@ -105,8 +105,8 @@ def _fused_fwd_tile(
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
-                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
-                                 cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
+                                cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
+                                cols_t < N, scale, LOG, ZERO_MASKED, FOLD)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -167,7 +167,7 @@ def _fused_fwd_tile(
         else:
             base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(start, N, BLOCK_N // 2, TAIL, ALIGN)
             softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, pos, pos_t, pos_e, mask, mask_t, mask_e, scale,
-                                 LOG, ZERO_MASKED)
+                                LOG, ZERO_MASKED)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

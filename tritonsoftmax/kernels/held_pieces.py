@@ -19,7 +19,7 @@ def _folded(v, T: tl.constexpr):
 
 @triton.jit
 def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, scale, LOG: tl.constexpr,
-                       ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+                      ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
     """Softmax of one row held as two 1-D pieces (a realigned row's body and end groups; a row's first
     half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
     output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes. FOLD (the second piece's length divides
@@ -40,7 +40,7 @@ def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, sc
 
 @triton.jit
 def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
-                         LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+                        LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
     """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
     held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
     y_ptr + base + y_*, the same lanes (masked lanes -inf). FOLD: as in softmax_two_parts, the first two pieces
