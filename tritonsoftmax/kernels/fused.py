@@ -20,12 +20,15 @@ from .row_ops import (
     grad_term,
     held_row_lanes,
     load_f32,
+    load_raw,
     load_scaled,
     load_scaled_rows,
     ref_max,
     row_offsets,
     row_scale,
     rows_scale,
+    scaled,
+    scaled_rows,
     whole_row_lanes,
     whole_vectors,
 )
@@ -134,13 +137,19 @@ def _fused_fwd_tile(
         mask, mask_t = row_ok, row_ok & (cols_t < N)[None, :]
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
-        z, z_t = load_scaled_rows(x_ptr + x_off, mask, scale), load_scaled(x_ptr + x_off_t, mask_t, scale)
-        m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))
+        # every piece loaded before any is scaled (row_ops.load_raw)
+        z, z_t = load_raw(x_ptr + x_off, mask), load_raw(x_ptr + x_off_t, mask_t)
         if MID:  # and a [ROWS, MID] tile between them (the tail then starts after it)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
             mask_m = row_ok
             x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
-            z_m = load_scaled_rows(x_ptr + x_off_m, mask_m, scale)
+            z_m = load_raw(x_ptr + x_off_m, mask_m)
+        z_t = scaled(z_t, mask_t, scale)
+        if MID:
+            z_m = scaled_rows(z_m, scale)
+        z = scaled_rows(z, scale)
+        m = tl.maximum(tl.max(z, axis=1), tl.max(z_t, axis=1))
+        if MID:
             m = tl.maximum(m, tl.max(z_m, axis=1))
         m = ref_max(m)[:, None]
         s = tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1)
@@ -280,14 +289,18 @@ def _softmax_fused_bwd_kernel(
         mask_t = (rows < M)[:, None] & (cols_t < N)[None, :]
         g_off = _tile_offsets(rows, cols, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
         g_off_t = _tile_offsets(rows, cols_t, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
-        dy, y = load_f32(dy_ptr + g_off, mask), load_f32(y_ptr + g_off, mask)
-        dy_t, y_t = load_f32(dy_ptr + g_off_t, mask_t), load_f32(y_ptr + g_off_t, mask_t)
-        red = tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1)
+        # every piece loaded before any is converted (row_ops.load_raw)
+        dy, y = load_raw(dy_ptr + g_off, mask), load_raw(y_ptr + g_off, mask)
+        dy_t, y_t = load_raw(dy_ptr + g_off_t, mask_t), load_raw(y_ptr + g_off_t, mask_t)
         if MID:  # and the [ROWS, MID] tile between the half and the tail
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
             mask_m = (rows < M)[:, None]
             g_off_m = _tile_offsets(rows, cols_m, INNER, stride_g_outer, stride_g_inner, stride_g_col, I32)
-            dy_m, y_m = load_f32(dy_ptr + g_off_m, mask_m), load_f32(y_ptr + g_off_m, mask_m)
+            dy_m, y_m = load_raw(dy_ptr + g_off_m, mask_m), load_raw(y_ptr + g_off_m, mask_m)
+            dy_m, y_m = dy_m.to(tl.float32), y_m.to(tl.float32)
+        dy, y, dy_t, y_t = dy.to(tl.float32), y.to(tl.float32), dy_t.to(tl.float32), y_t.to(tl.float32)
+        red = tl.sum(grad_term(dy, y, LOG), axis=1) + tl.sum(grad_term(dy_t, y_t, LOG), axis=1)
+        if MID:
             red += tl.sum(grad_term(dy_m, y_m, LOG), axis=1)
         red = red[:, None]
         d_off = _tile_offsets(rows, cols, INNER, stride_d_outer, stride_d_inner, stride_d_col, I32)
@@ -322,10 +335,9 @@ def _softmax_fused_bwd_kernel(
     elif TAIL == 0:
         base, pos, mask, pos_e, mask_e = whole_row_lanes(row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N,
                                                          BLOCK_N, ALIGN)
-        dy = load_f32(dy_ptr + base + pos, mask)
-        y = load_f32(y_ptr + base + pos, mask)
-        dy_e = load_f32(dy_ptr + base + pos_e, mask_e)
-        y_e = load_f32(y_ptr + base + pos_e, mask_e)
+        dy, y = load_raw(dy_ptr + base + pos, mask), load_raw(y_ptr + base + pos, mask)
+        dy_e, y_e = load_raw(dy_ptr + base + pos_e, mask_e), load_raw(y_ptr + base + pos_e, mask_e)
+        dy, y, dy_e, y_e = dy.to(tl.float32), y.to(tl.float32), dy_e.to(tl.float32), y_e.to(tl.float32)
         red = tl.sum(grad_term(dy, y, LOG), axis=0) + tl.sum(grad_term(dy_e, y_e, LOG), axis=0)
         tl.store(dx_ptr + base + pos, grad_input(dy, y, red, scale, LOG).to(dx_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + base + pos_e, grad_input(dy_e, y_e, red, scale, LOG).to(dx_ptr.dtype.element_ty),
@@ -333,9 +345,11 @@ def _softmax_fused_bwd_kernel(
     else:
         base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(
             row_offsets(pid, INNER, stride_g_outer, stride_g_inner), N, BLOCK_N // 2, TAIL, ALIGN)
-        dy, y = load_f32(dy_ptr + base + pos, mask), load_f32(y_ptr + base + pos, mask)
-        dy_t, y_t = load_f32(dy_ptr + base + pos_t, mask_t), load_f32(y_ptr + base + pos_t, mask_t)
-        dy_e, y_e = load_f32(dy_ptr + base + pos_e, mask_e), load_f32(y_ptr + base + pos_e, mask_e)
+        dy, y = load_raw(dy_ptr + base + pos, mask), load_raw(y_ptr + base + pos, mask)
+        dy_t, y_t = load_raw(dy_ptr + base + pos_t, mask_t), load_raw(y_ptr + base + pos_t, mask_t)
+        dy_e, y_e = load_raw(dy_ptr + base + pos_e, mask_e), load_raw(y_ptr + base + pos_e, mask_e)
+        dy, y, dy_t, y_t = dy.to(tl.float32), y.to(tl.float32), dy_t.to(tl.float32), y_t.to(tl.float32)
+        dy_e, y_e = dy_e.to(tl.float32), y_e.to(tl.float32)
         red = (tl.sum(grad_term(dy, y, LOG), axis=0) + tl.sum(grad_term(dy_t, y_t, LOG), axis=0)
                + tl.sum(grad_term(dy_e, y_e, LOG), axis=0))
         out_ty = dx_ptr.dtype.element_ty

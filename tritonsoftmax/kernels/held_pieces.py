@@ -1,12 +1,14 @@
 """The fused forward's rows held as 1-D pieces (a half block and a tail, with MID three; a realigned row's body and
-end groups): each piece loaded scaled, the row's max and sum over all of them, the output written piece by piece."""
+end groups): every piece loaded before any is scaled (row_ops.load_raw), and the last piece scaled first, so that
+ptxas places no piece's load after another's arithmetic (which would wait for the loads before it and leave the
+later load's latency unhidden); the row's max and sum over all the pieces, the output written piece by piece."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .row_ops import exp, finish, load_scaled, ref_max
+from .row_ops import exp, finish, load_raw, ref_max, scaled
 
 
 @triton.jit
@@ -25,8 +27,10 @@ def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, sc
     output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes. FOLD (the second piece's length divides
     the first's): the first piece folded onto the second in registers (_folded), so the row's max and sum each
     take one reduction across the program, not two."""
-    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
-    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
+    z_a = load_raw(x_ptr + base + x_a, mask_a)
+    z_b = load_raw(x_ptr + base + x_b, mask_b)
+    z_b = scaled(z_b, mask_b, scale)
+    z_a = scaled(z_a, mask_a, scale)
     if FOLD:
         T: tl.constexpr = z_b.shape[0]
         m = ref_max(tl.max(tl.maximum(tl.max(_folded(z_a, T), axis=0), z_b), axis=0))
@@ -45,9 +49,12 @@ def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a
     held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
     y_ptr + base + y_*, the same lanes (masked lanes -inf). FOLD: as in softmax_two_parts, the first two pieces
     folded onto the third."""
-    z_a = load_scaled(x_ptr + base + x_a, mask_a, scale)
-    z_b = load_scaled(x_ptr + base + x_b, mask_b, scale)
-    z_c = load_scaled(x_ptr + base + x_c, mask_c, scale)
+    z_a = load_raw(x_ptr + base + x_a, mask_a)
+    z_b = load_raw(x_ptr + base + x_b, mask_b)
+    z_c = load_raw(x_ptr + base + x_c, mask_c)
+    z_c = scaled(z_c, mask_c, scale)
+    z_b = scaled(z_b, mask_b, scale)
+    z_a = scaled(z_a, mask_a, scale)
     if FOLD:
         T: tl.constexpr = z_c.shape[0]
         top = tl.maximum(tl.max(_folded(z_a, T), axis=0), tl.max(_folded(z_b, T), axis=0))

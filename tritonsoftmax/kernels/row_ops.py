@@ -146,6 +146,14 @@ def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
     """A tile as fp32 (masked lanes 0; ``mask`` None: every lane). EVICT: 0 the default L2 policy,
     KEEP or DROP (NVIDIA PTX eviction priorities; a first pass marks what its second pass re-reads,
     as inductor's two-loop reductions do)."""
+    return load_raw(ptrs, mask, EVICT).to(tl.float32)
+
+
+@triton.jit
+def load_raw(ptrs, mask, EVICT: tl.constexpr = 0):
+    """load_f32 in the pointee's dtype: a caller holding a row in several pieces loads them all first and converts
+    after (``scaled``), since the compiler keeps the source order and a load placed after a piece's arithmetic
+    waits for the loads before it."""
     other = None if mask is None else 0.0
     if EVICT == KEEP:
         x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_last")
@@ -153,7 +161,7 @@ def load_f32(ptrs, mask, EVICT: tl.constexpr = 0):
         x = tl.load(ptrs, mask=mask, other=other, eviction_policy="evict_first")
     else:
         x = tl.load(ptrs, mask=mask, other=other)
-    return x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -176,17 +184,30 @@ def load_scaled(ptrs, mask, scale, EVICT: tl.constexpr = 0):
     residual of up to half an ulp of m. Softmax is shift-invariant, so that residual cancels, until |m| reaches
     2^31 with a scale that is not a power of two: then it overflows or underflows exp, and the row turns NaN
     where torch's softmax of x * scale does not (the masked form's select keeps the product apart already)."""
+    return scaled(load_f32(ptrs, mask, EVICT), mask, scale)
+
+
+@triton.jit
+def scaled(x, mask, scale):
+    """load_scaled's product for a tile already loaded (load_raw, any float dtype)."""
+    x = x.to(tl.float32)
     if mask is None:
-        return tl.fma(load_f32(ptrs, None, EVICT), scale, 0.0)
+        return tl.fma(x, scale, 0.0)
     else:
-        return tl.where(mask, load_f32(ptrs, mask, EVICT) * scale, float("-inf"))
+        return tl.where(mask, x * scale, float("-inf"))
 
 
 @triton.jit
 def load_scaled_rows(ptrs, row_mask, scale):
     """load_scaled for a tile whose lanes all lie in their rows, but for whole rows past the last (``row_mask``, a
     [ROWS, 1] column): those load 0 rather than -inf, since nothing of theirs is stored, so no select an element."""
-    return tl.fma(load_f32(ptrs, row_mask), scale, 0.0)
+    return scaled_rows(load_f32(ptrs, row_mask), scale)
+
+
+@triton.jit
+def scaled_rows(x, scale):
+    """load_scaled_rows' product for a tile already loaded (load_raw, any float dtype)."""
+    return tl.fma(x.to(tl.float32), scale, 0.0)
 
 
 @triton.jit
