@@ -374,3 +374,25 @@ def test_folded_pieces_reduce_once_across_the_program():
     assert 2 * folded.count("shfl.sync") == plain.count("shfl.sync")
     assert folded.count("ld.global") == plain.count("ld.global")
     assert folded.count("ex2.approx") == plain.count("ex2.approx") == (1024 + 512) // 64
+
+
+# PTX opcodes of arithmetic on loaded values: conversions from 16-bit floats and fp32 arithmetic.
+FLOAT_OPS = ("cvt.f32", "fma.rn.f32", "mul.f32", "max.f32", "sub.f32", "add.f32")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("rows,mid,tail", [(1, 0, 1024), (1, 1024, 512), (2, 0, 1024), (2, 1024, 512)],
+                         ids=["two-pieces", "three-pieces", "two-rows", "two-rows-three-pieces"])
+def test_held_pieces_load_before_any_arithmetic(dtype, rows, mid, tail):
+    """A forward or backward that holds its rows in pieces (half + TAIL, half + MID + TAIL; one row and several)
+    issues every piece's load before the first arithmetic on a loaded value (the compiled sm_90 PTX): a load placed
+    after a piece's conversion or scaling would wait for the loads before it, and its latency would go unhidden."""
+    kernels = (("_softmax_fused_fwd_kernel", {"ZERO_MASKED": 0}), ("_softmax_fused_bwd_kernel", {}))
+    cases = [["fused", name, dtype, {"LOG": 0, **extra, "BLOCK_N": 16384, "ROWS": rows, "MID": mid, "TAIL": tail,
+                                     "VEC": 16 // (4 if dtype == "fp32" else 2)}]
+             for name, extra in kernels]
+    for ptx in run_compile_script("kernel_compile.py", json.dumps(cases)):
+        body = [line.strip() for line in ptx.splitlines() if line.strip() and not line.strip().startswith((".", "//"))]
+        loads = [i for i, line in enumerate(body) if "ld.global" in line]
+        floats = [i for i, line in enumerate(body) if line.split()[0].startswith(FLOAT_OPS)]
+        assert loads and floats and max(loads) < min(floats), (loads[-3:], floats[:3])
