@@ -54,6 +54,14 @@ SHORT_PIPELINED_BLOCKS = (256, 512)
 
 
 @triton.jit
+def _tail_lanes(N, BLOCK_N: tl.constexpr, MID: tl.constexpr, TAIL: tl.constexpr):
+    """The TAIL's lanes inside the row: its lane index against the elements left after the half and MID, one
+    scalar, rather than its columns against N (no add a lane before the predicate; with it, ptxas placed the tail's
+    load after the half's arithmetic on sm_90, triton 3.6, fp16 rows of 8704 on 8 warps)."""
+    return tl.arange(0, TAIL) < N - BLOCK_N // 2 - MID
+
+
+@triton.jit
 def _tile_offsets(rows, cols, INNER, stride_outer, stride_inner, stride_col, I32: tl.constexpr):
     """[ROWS, BLOCK_N] element offsets of a several-row tile (rows and cols: aranges); 64-bit, or 32-bit with
     I32 (kept only where every offset the tile computes fits: PreparedLaunch and kernel_family.pruned_for_key)."""
@@ -94,16 +102,13 @@ def _fused_fwd_tile(
                      mask=mask)
         # A TAIL (or MID) is only given to a row longer than half the block (constexprs.row_tail, row_pieces), so
         # the half (and MID) lie wholly in the row: read and written without a mask.
-        # The tail's mask compares its lanes with the elements left after the half (and MID), one scalar, rather
-        # than its columns with N: no add a lane before the predicate, and ptxas then issues the tail's load with
-        # the half's instead of after the half's arithmetic (sm_90, triton 3.6: fp16 rows of 8704 on 8 warps).
         elif MID == 0:
             cols = tl.arange(0, BLOCK_N // 2)
             cols_t = BLOCK_N // 2 + tl.arange(0, TAIL)
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
-                              cols_t * stride_y_col, None, tl.arange(0, TAIL) < N - BLOCK_N // 2, scale, LOG,
+                              cols_t * stride_y_col, None, _tail_lanes(N, BLOCK_N, 0, TAIL), scale, LOG,
                               ZERO_MASKED, FOLD)
         else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
@@ -113,7 +118,7 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
-                                tl.arange(0, TAIL) < N - BLOCK_N // 2 - MID, scale, LOG, ZERO_MASKED, FOLD)
+                                _tail_lanes(N, BLOCK_N, MID, TAIL), scale, LOG, ZERO_MASKED, FOLD)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
@@ -138,7 +143,7 @@ def _fused_fwd_tile(
         row_ok = (rows < M)[:, None]
         # the half (and MID) lie wholly in each row, as in the one-row case above: masked by rows only (a row past
         # M computes on zeros and stores nothing)
-        mask, mask_t = row_ok, row_ok & (tl.arange(0, TAIL) < N - BLOCK_N // 2 - MID)[None, :]
+        mask, mask_t = row_ok, row_ok & _tail_lanes(N, BLOCK_N, MID, TAIL)[None, :]
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         x_off_t = _tile_offsets(rows, cols_t, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         # every piece loaded before any is scaled (row_ops.load_raw)
