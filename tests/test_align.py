@@ -4,6 +4,7 @@ forward kernels' realigned path (ALIGN > 1, row_ops.row_window) and the rule tha
 (constexprs.row_vec)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -378,6 +379,32 @@ def test_folded_pieces_reduce_once_across_the_program():
 
 # PTX opcodes of arithmetic on loaded values: conversions from 16-bit floats and fp32 arithmetic.
 FLOAT_OPS = ("cvt.f32", "fma.rn.f32", "mul.f32", "max.f32", "sub.f32", "add.f32")
+PTX_REG = re.compile(r"%[a-z]+[0-9]+")
+
+
+def float_ops_on_loaded_values(body: list[str]) -> list[int]:
+    """Indices of the PTX lines ``body`` (one instruction each) that are FLOAT_OPS with an operand computed from a
+    global load: registers a load writes, and those written from them, followed in program order (arithmetic on
+    kernel arguments alone, such as a scale times a constant, is not on a loaded value)."""
+    loaded: set[str] = set()
+    hits = []
+    for i, line in enumerate(body):
+        words = line.rstrip(";").split(None, 1)
+        if words[0].startswith("@"):
+            words = words[1].split(None, 1)
+        if len(words) < 2 or words[0].startswith("st."):
+            continue
+        op, operands = words
+        if operands.startswith("{"):
+            dest_text, _, src_text = operands[1:].partition("}")
+        else:
+            dest_text, _, src_text = operands.partition(",")
+        dests, srcs = PTX_REG.findall(dest_text), PTX_REG.findall(src_text)
+        if op.startswith("ld.global") or loaded.intersection(srcs):
+            loaded.update(dests)
+            if op.startswith(FLOAT_OPS) and not op.startswith("ld."):
+                hits.append(i)
+    return hits
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -394,5 +421,5 @@ def test_held_pieces_load_before_any_arithmetic(dtype, rows, mid, tail):
     for ptx in run_compile_script("kernel_compile.py", json.dumps(cases)):
         body = [line.strip() for line in ptx.splitlines() if line.strip() and not line.strip().startswith((".", "//"))]
         loads = [i for i, line in enumerate(body) if "ld.global" in line]
-        floats = [i for i, line in enumerate(body) if line.split()[0].startswith(FLOAT_OPS)]
+        floats = float_ops_on_loaded_values(body)
         assert loads and floats and max(loads) < min(floats), (loads[-3:], floats[:3])

@@ -285,3 +285,42 @@ def test_fold_needs_a_tail_that_spans_the_layout():
     assert constexprs.held_fold(4096, 1, 8, 2, 32, 4) == 0, "nor realigned rows"
     assert constexprs.held_fold(1024, 1, 1, 2, 64, 4) == 0, "wave64: 2048-element repetitions"
     assert constexprs.held_fold(4096, 1, 1, 2, 32, 16, log=True) == 0, "log_softmax stays unfolded"
+
+
+def _close_large_values(dtype: torch.dtype, M: int, N: int, base: float, seed: int) -> torch.Tensor:
+    """M rows of N values ``base`` plus 0 to 23 steps of the dtype's spacing at ``base``: large magnitudes whose
+    differences are the dtype's smallest, the inputs where the half-log2 domain's product rounding (rounded at the
+    value's magnitude, not at its distance from the row's max) shows most."""
+    b = torch.tensor(base, dtype=dtype)
+    step = (torch.nextafter(b, torch.tensor(float("inf"), dtype=dtype)) - b).double()
+    g = torch.Generator().manual_seed(seed)
+    return (base + torch.randint(0, 24, (M, N), generator=g).double() * step).to(dtype).to(DEVICE)
+
+
+# (N, ROWS, HELD): one row in one block, several rows a program, one row held as half + tail, and as three pieces
+DOMAIN_CASES = [(1000, 1, 0), (200, 4, 0), (4480, 1, 1), (4480, 1, 2), (1088, 2, 1)]
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log"])
+@pytest.mark.parametrize("base", [1.0, -300.0, 2000.0, -30000.0])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N,rows,held", DOMAIN_CASES, ids=[f"{n}-r{r}-held{h}" for n, r, h in DOMAIN_CASES])
+def test_16bit_rows_of_large_close_values_match_reference(N, rows, held, dtype, base, log):
+    """The fused forward of 16-bit rows (the half-log2 domain, row_ops.half_log2) at large magnitudes with the
+    dtype's smallest differences, scales 1, 0.37 and -1.3: every element within the dtype's tolerance of torch's
+    float64 softmax of x * scale (log_softmax relative where its magnitude passes 1)."""
+    M = 3 * rows + 1
+    x = _close_large_values(dtype, M, N, base, seed=N + int(abs(base)))
+    config = LaunchConfig.make(4, BLOCK_N=next_power_of_2(N), ROWS=rows, **({"HELD": held} if held else {}))
+    for s in (1.0, 0.37, -1.3):
+        out = poisoned_like(x)
+        fwd = family("fused").prepare(matrix_problem(x, out), config, device_info(x.device),
+                                      flags={"LOG": int(log), "ZERO_MASKED": 0})
+        fwd(x, out, s)
+        assert (fwd.flags["TAIL"] > 0) == bool(held), "the held form exactly where the config asks for it"
+        xs = x.cpu().double() * s
+        want = torch.log_softmax(xs, -1) if log else torch.softmax(xs, -1)
+        err = (out.cpu().double() - want).abs()
+        if log:
+            err = err / want.abs().clamp(min=1)
+        assert err.max().item() <= FWD_TOL[dtype], f"scale {s}: {err.max().item()}"

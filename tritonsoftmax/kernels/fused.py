@@ -13,16 +13,19 @@ from .held_pieces import softmax_three_parts, softmax_two_parts
 from .kernel_family import Family
 from .row_ops import (
     DROP,
+    FMA_MAX,
     KEEP,
-    exp,
-    finish,
+    exp_arg,
+    exp_scale,
     grad_input,
     grad_term,
+    half_log2,
     held_row_lanes,
     load_f32,
     load_raw,
     load_scaled,
     load_scaled_rows,
+    output_of,
     ref_max,
     row_offsets,
     row_scale,
@@ -79,7 +82,7 @@ def _fused_fwd_tile(
     stride_y_outer, stride_y_inner, stride_y_col,
     LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     ALIGN: tl.constexpr, TAIL: tl.constexpr, I32: tl.constexpr, ROW_SCALE: tl.constexpr, MID: tl.constexpr,
-    FOLD: tl.constexpr, WHOLE: tl.constexpr,
+    FOLD: tl.constexpr, WHOLE: tl.constexpr, B2: tl.constexpr,
 ):
     """Softmax of rows tile * ROWS .. tile * ROWS + ROWS - 1 (see _softmax_fused_fwd_kernel)."""
     if ROWS == 1:
@@ -94,12 +97,14 @@ def _fused_fwd_tile(
             cols = tl.arange(0, BLOCK_N)
             mask = None if WHOLE else cols < N
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
-            z = load_scaled(x_row + cols * stride_x_col, mask, scale)
+            z = load_scaled(x_row + cols * stride_x_col, mask, exp_scale(scale, B2))
             m = ref_max(tl.max(z, axis=0))
-            s = tl.sum(exp(z - m), axis=0)
+            d = exp_arg(z, m, tl.abs(m) < FMA_MAX, B2)
+            e = tl.exp2(d)
+            s = tl.sum(e, axis=0)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
-            tl.store(y_row + cols * stride_y_col, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(y_row + cols * stride_y_col,
+                     output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2).to(y_ptr.dtype.element_ty), mask=mask)
         # A TAIL (or MID) is only given to a row longer than half the block (constexprs.row_tail, row_pieces), so
         # the half (and MID) lie wholly in the row: read and written without a mask.
         elif MID == 0:
@@ -109,7 +114,7 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_two_parts(x_row, y_row, 0, cols * stride_x_col, cols_t * stride_x_col, cols * stride_y_col,
                               cols_t * stride_y_col, None, _tail_lanes(N, BLOCK_N, 0, TAIL), scale, LOG,
-                              ZERO_MASKED, FOLD)
+                              ZERO_MASKED, FOLD, B2)
         else:  # the first half, the next MID elements and the tail
             cols = tl.arange(0, BLOCK_N // 2)
             cols_m = BLOCK_N // 2 + tl.arange(0, MID)
@@ -118,20 +123,22 @@ def _fused_fwd_tile(
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             softmax_three_parts(x_row, y_row, 0, cols * stride_x_col, cols_m * stride_x_col, cols_t * stride_x_col,
                                 cols * stride_y_col, cols_m * stride_y_col, cols_t * stride_y_col, None, None,
-                                _tail_lanes(N, BLOCK_N, MID, TAIL), scale, LOG, ZERO_MASKED, FOLD)
+                                _tail_lanes(N, BLOCK_N, MID, TAIL), scale, LOG, ZERO_MASKED, FOLD, B2)
     elif ROWS > 1 and TAIL == 0:
         rows = tile * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         x_off = _tile_offsets(rows, cols, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
         if WHOLE:  # masked by rows only
             mask = (rows < M)[:, None]
-            z = load_scaled_rows(x_ptr + x_off, mask, scale)
+            z = load_scaled_rows(x_ptr + x_off, mask, exp_scale(scale, B2))
         else:
             mask = (rows < M)[:, None] & (cols < N)[None, :]
-            z = load_scaled(x_ptr + x_off, mask, scale)
+            z = load_scaled(x_ptr + x_off, mask, exp_scale(scale, B2))
         m = ref_max(tl.max(z, axis=1))[:, None]
-        s = tl.sum(exp(z - m), axis=1)[:, None]
-        y = finish(z, m, s, LOG, ZERO_MASKED)
+        d = exp_arg(z, m, tl.max(tl.abs(m)) < FMA_MAX, B2)
+        e = tl.exp2(d)
+        s = tl.sum(e, axis=1)[:, None]
+        y = output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     elif ROWS > 1:
@@ -153,6 +160,7 @@ def _fused_fwd_tile(
             mask_m = row_ok
             x_off_m = _tile_offsets(rows, cols_m, INNER, stride_x_outer, stride_x_inner, stride_x_col, I32)
             z_m = load_raw(x_ptr + x_off_m, mask_m)
+        scale = exp_scale(scale, B2)
         z_t = scaled(z_t, mask_t, scale)
         if MID:
             z_m = scaled_rows(z_m, scale)
@@ -161,17 +169,23 @@ def _fused_fwd_tile(
         if MID:
             m = tl.maximum(m, tl.max(z_m, axis=1))
         m = ref_max(m)[:, None]
-        s = tl.sum(exp(z - m), axis=1) + tl.sum(exp(z_t - m), axis=1)
+        fma_ok = tl.max(tl.abs(m)) < FMA_MAX
+        d, d_t = exp_arg(z, m, fma_ok, B2), exp_arg(z_t, m, fma_ok, B2)
+        e, e_t = tl.exp2(d), tl.exp2(d_t)
+        s = tl.sum(e, axis=1) + tl.sum(e_t, axis=1)
         if MID:
-            s += tl.sum(exp(z_m - m), axis=1)
+            d_m = exp_arg(z_m, m, fma_ok, B2)
+            e_m = tl.exp2(d_m)
+            s += tl.sum(e_m, axis=1)
         s = s[:, None]
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         y_off_t = _tile_offsets(rows, cols_t, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
-        tl.store(y_ptr + y_off, finish(z, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_ptr + y_off_t, finish(z_t, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_t)
+        y_dtype = y_ptr.dtype.element_ty
+        tl.store(y_ptr + y_off, output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask)
+        tl.store(y_ptr + y_off_t, output_of(z_t, m, d_t, e_t, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_t)
         if MID:
             y_off_m = _tile_offsets(rows, cols_m, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
-            tl.store(y_ptr + y_off_m, finish(z_m, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_m)
+            tl.store(y_ptr + y_off_m, output_of(z_m, m, d_m, e_m, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_m)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
         # its whole ALIGN-element groups (in BLOCK_N positions, or BLOCK_N // 2 + TAIL), then its two
@@ -181,11 +195,11 @@ def _fused_fwd_tile(
         start = row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
         if TAIL == 0:
             base, pos, mask, pos_e, mask_e = whole_row_lanes(start, N, BLOCK_N, ALIGN)
-            softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED)
+            softmax_two_parts(x_ptr, y_ptr, base, pos, pos_e, pos, pos_e, mask, mask_e, scale, LOG, ZERO_MASKED, 0, B2)
         else:
             base, pos, mask, pos_t, mask_t, pos_e, mask_e = held_row_lanes(start, N, BLOCK_N // 2, TAIL, ALIGN)
             softmax_three_parts(x_ptr, y_ptr, base, pos, pos_t, pos_e, pos, pos_t, pos_e, mask, mask_t, mask_e, scale,
-                                LOG, ZERO_MASKED)
+                                LOG, ZERO_MASKED, 0, B2)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])
@@ -239,19 +253,21 @@ def _softmax_fused_fwd_kernel(
     WHOLE (constexprs.whole_rows): N == BLOCK_N on the plain paths (TAIL 0; one row with ALIGN 1, or several rows):
     no lane of a row is masked, so loads, stores and the max take no column mask (several rows: rows past M load 0
     and store nothing).
+    16-bit input and output work in the half-log2 domain (row_ops.half_log2): an instruction an element fewer.
     """
     pid = tl.program_id(0)
+    B2: tl.constexpr = half_log2(x_ptr.dtype.element_ty, y_ptr.dtype.element_ty)
     N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner = whole_vectors(
         N, stride_x_outer, stride_x_inner, stride_y_outer, stride_y_inner, VEC)
     if STAGES == 1:
         _fused_fwd_tile(x_ptr, y_ptr, pid, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                         stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                        I32, ROW_SCALE, MID, FOLD, WHOLE)
+                        I32, ROW_SCALE, MID, FOLD, WHOLE, B2)
     else:
         for tile in tl.range(pid, tl.cdiv(M, ROWS), tl.num_programs(0), num_stages=STAGES):
             _fused_fwd_tile(x_ptr, y_ptr, tile, scale, M, N, INNER, stride_x_outer, stride_x_inner, stride_x_col,
                             stride_y_outer, stride_y_inner, stride_y_col, LOG, ZERO_MASKED, BLOCK_N, ROWS, ALIGN, TAIL,
-                            I32, ROW_SCALE, MID, FOLD, WHOLE)
+                            I32, ROW_SCALE, MID, FOLD, WHOLE, B2)
 
 
 @triton.jit(do_not_specialize=["N_BUCKET", "M_BUCKET"])

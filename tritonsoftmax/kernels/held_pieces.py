@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import exp, finish, load_raw, ref_max, scaled
+from .row_ops import FMA_MAX, exp_arg, exp_scale, load_raw, output_of, ref_max, scaled
 
 
 @triton.jit
@@ -21,37 +21,47 @@ def _folded(v, T: tl.constexpr):
 
 @triton.jit
 def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, scale, LOG: tl.constexpr,
-                      ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+                      ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0, B2: tl.constexpr = 0):
     """Softmax of one row held as two 1-D pieces (a realigned row's body and end groups; a row's first
     half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
     output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes. FOLD (the second piece's length divides
     the first's): the first piece folded onto the second in registers (_folded), so the row's max and sum each
-    take one reduction across the program, not two."""
+    take one reduction across the program, not two. B2: in the half-log2 domain (row_ops.half_log2)."""
     z_a = load_raw(x_ptr + base + x_a, mask_a)
     z_b = load_raw(x_ptr + base + x_b, mask_b)
+    scale = exp_scale(scale, B2)
     z_b = scaled(z_b, mask_b, scale)
     z_a = scaled(z_a, mask_a, scale)
     if FOLD:
         T: tl.constexpr = z_b.shape[0]
         m = ref_max(tl.max(tl.maximum(tl.max(_folded(z_a, T), axis=0), z_b), axis=0))
-        s = tl.sum(tl.sum(_folded(exp(z_a - m), T), axis=0) + exp(z_b - m), axis=0)
     else:
         m = ref_max(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)))
-        s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0)
-    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
-    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
+    fma_ok = tl.abs(m) < FMA_MAX
+    d_a = exp_arg(z_a, m, fma_ok, B2)
+    d_b = exp_arg(z_b, m, fma_ok, B2)
+    e_a = tl.exp2(d_a)
+    e_b = tl.exp2(d_b)
+    if FOLD:
+        s = tl.sum(tl.sum(_folded(e_a, T), axis=0) + e_b, axis=0)
+    else:
+        s = tl.sum(e_a, axis=0) + tl.sum(e_b, axis=0)
+    y_dtype = y_ptr.dtype.element_ty
+    tl.store(y_ptr + base + y_a, output_of(z_a, m, d_a, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
+    tl.store(y_ptr + base + y_b, output_of(z_b, m, d_b, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
 
 
 @triton.jit
 def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a, mask_b, mask_c, scale,
-                        LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0):
+                        LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, FOLD: tl.constexpr = 0, B2: tl.constexpr = 0):
     """Softmax of one row held as three 1-D pieces (a realigned row's first half, tail and partial end groups,
     held_row_lanes; a row's first half, MID elements and a tail): input at x_ptr + base + x_*, output at
     y_ptr + base + y_*, the same lanes (masked lanes -inf). FOLD: as in softmax_two_parts, the first two pieces
-    folded onto the third."""
+    folded onto the third. B2: as in softmax_two_parts."""
     z_a = load_raw(x_ptr + base + x_a, mask_a)
     z_b = load_raw(x_ptr + base + x_b, mask_b)
     z_c = load_raw(x_ptr + base + x_c, mask_c)
+    scale = exp_scale(scale, B2)
     z_c = scaled(z_c, mask_c, scale)
     z_b = scaled(z_b, mask_b, scale)
     z_a = scaled(z_a, mask_a, scale)
@@ -59,11 +69,20 @@ def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a
         T: tl.constexpr = z_c.shape[0]
         top = tl.maximum(tl.max(_folded(z_a, T), axis=0), tl.max(_folded(z_b, T), axis=0))
         m = ref_max(tl.max(tl.maximum(top, z_c), axis=0))
-        s = tl.sum(tl.sum(_folded(exp(z_a - m), T), axis=0) + tl.sum(_folded(exp(z_b - m), T), axis=0)
-                   + exp(z_c - m), axis=0)
     else:
         m = ref_max(tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0)))
-        s = tl.sum(exp(z_a - m), axis=0) + tl.sum(exp(z_b - m), axis=0) + tl.sum(exp(z_c - m), axis=0)
-    tl.store(y_ptr + base + y_a, finish(z_a, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_a)
-    tl.store(y_ptr + base + y_b, finish(z_b, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_b)
-    tl.store(y_ptr + base + y_c, finish(z_c, m, s, LOG, ZERO_MASKED).to(y_ptr.dtype.element_ty), mask=mask_c)
+    fma_ok = tl.abs(m) < FMA_MAX
+    d_a = exp_arg(z_a, m, fma_ok, B2)
+    d_b = exp_arg(z_b, m, fma_ok, B2)
+    d_c = exp_arg(z_c, m, fma_ok, B2)
+    e_a = tl.exp2(d_a)
+    e_b = tl.exp2(d_b)
+    e_c = tl.exp2(d_c)
+    if FOLD:
+        s = tl.sum(tl.sum(_folded(e_a, T), axis=0) + tl.sum(_folded(e_b, T), axis=0) + e_c, axis=0)
+    else:
+        s = tl.sum(e_a, axis=0) + tl.sum(e_b, axis=0) + tl.sum(e_c, axis=0)
+    y_dtype = y_ptr.dtype.element_ty
+    tl.store(y_ptr + base + y_a, output_of(z_a, m, d_a, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
+    tl.store(y_ptr + base + y_b, output_of(z_b, m, d_b, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
+    tl.store(y_ptr + base + y_c, output_of(z_c, m, d_c, e_c, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_c)
