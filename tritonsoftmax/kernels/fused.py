@@ -104,7 +104,7 @@ def _fused_fwd_tile(
             s = tl.sum(e, axis=0)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             tl.store(y_row + cols * stride_y_col,
-                     output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2).to(y_ptr.dtype.element_ty), mask=mask)
+                     output_of(z, m, e, s, LOG, ZERO_MASKED, B2).to(y_ptr.dtype.element_ty), mask=mask)
         # A TAIL (or MID) is only given to a row longer than half the block (constexprs.row_tail, row_pieces), so
         # the half (and MID) lie wholly in the row: read and written without a mask.
         elif MID == 0:
@@ -138,7 +138,7 @@ def _fused_fwd_tile(
         d = exp_arg(z, m, tl.max(tl.abs(m)) < FMA_MAX, B2)
         e = tl.exp2(d)
         s = tl.sum(e, axis=1)[:, None]
-        y = output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2)
+        y = output_of(z, m, e, s, LOG, ZERO_MASKED, B2)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         tl.store(y_ptr + y_off, y.to(y_ptr.dtype.element_ty), mask=mask)
     elif ROWS > 1:
@@ -181,11 +181,11 @@ def _fused_fwd_tile(
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         y_off_t = _tile_offsets(rows, cols_t, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
         y_dtype = y_ptr.dtype.element_ty
-        tl.store(y_ptr + y_off, output_of(z, m, d, e, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask)
-        tl.store(y_ptr + y_off_t, output_of(z_t, m, d_t, e_t, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_t)
+        tl.store(y_ptr + y_off, output_of(z, m, e, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask)
+        tl.store(y_ptr + y_off_t, output_of(z_t, m, e_t, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_t)
         if MID:
             y_off_m = _tile_offsets(rows, cols_m, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
-            tl.store(y_ptr + y_off_m, output_of(z_m, m, d_m, e_m, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_m)
+            tl.store(y_ptr + y_off_m, output_of(z_m, m, e_m, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_m)
     else:
         # One row (tile < M: the grid and the persistent loop never pass M) off a 16-byte boundary:
         # its whole ALIGN-element groups (in BLOCK_N positions, or BLOCK_N // 2 + TAIL), then its two

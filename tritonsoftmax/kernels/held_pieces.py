@@ -47,8 +47,8 @@ def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, sc
     else:
         s = tl.sum(e_a, axis=0) + tl.sum(e_b, axis=0)
     y_dtype = y_ptr.dtype.element_ty
-    tl.store(y_ptr + base + y_a, output_of(z_a, m, d_a, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
-    tl.store(y_ptr + base + y_b, output_of(z_b, m, d_b, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
+    tl.store(y_ptr + base + y_a, output_of(z_a, m, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
+    tl.store(y_ptr + base + y_b, output_of(z_b, m, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
 
 
 @triton.jit
@@ -83,6 +83,6 @@ def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a
     else:
         s = tl.sum(e_a, axis=0) + tl.sum(e_b, axis=0) + tl.sum(e_c, axis=0)
     y_dtype = y_ptr.dtype.element_ty
-    tl.store(y_ptr + base + y_a, output_of(z_a, m, d_a, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
-    tl.store(y_ptr + base + y_b, output_of(z_b, m, d_b, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
-    tl.store(y_ptr + base + y_c, output_of(z_c, m, d_c, e_c, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_c)
+    tl.store(y_ptr + base + y_a, output_of(z_a, m, e_a, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_a)
+    tl.store(y_ptr + base + y_b, output_of(z_b, m, e_b, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_b)
+    tl.store(y_ptr + base + y_c, output_of(z_c, m, e_c, s, LOG, ZERO_MASKED, B2).to(y_dtype), mask=mask_c)

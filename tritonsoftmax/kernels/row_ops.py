@@ -181,9 +181,9 @@ def exp_arg(z, m, fma_ok, B2: tl.constexpr):
 
 
 @triton.jit
-def output_of(z, m, d, e, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, B2: tl.constexpr):
-    """finish for a tile whose exponents ``d`` (exp_arg) and exponentials e = exp2(d) are already taken: softmax
-    e / s; log_softmax z - m - log(s), in the half-log2 domain (z - m) * 2 ln(2) - log(s) (not from ``d``, which
+def output_of(z, m, e, s, LOG: tl.constexpr, ZERO_MASKED: tl.constexpr, B2: tl.constexpr):
+    """finish for a tile whose exponentials e = exp2(exp_arg(z, m)) are already taken: softmax e / s; log_softmax
+    z - m - log(s), in the half-log2 domain (z - m) * 2 ln(2) - log(s) (not from exp_arg's exponent, which
     overflows to -inf where z - m times log2(e) passes fp32's range and the output does not)."""
     if LOG:
         if B2:
