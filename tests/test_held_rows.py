@@ -306,7 +306,7 @@ DOMAIN_CASES = [(1000, 1, 0), (200, 4, 0), (4480, 1, 1), (4480, 1, 2), (1088, 2,
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("N,rows,held", DOMAIN_CASES, ids=[f"{n}-r{r}-held{h}" for n, r, h in DOMAIN_CASES])
 def test_16bit_rows_of_large_close_values_match_reference(N, rows, held, dtype, base, log):
-    """The fused forward of 16-bit rows (the half-log2 domain, row_ops.half_log2) at large magnitudes with the
+    """The fused forward of 16-bit rows (the half-log2 domain, exp_domain.half_log2) at large magnitudes with the
     dtype's smallest differences, scales 1, 0.37 and -1.3: every element within the dtype's tolerance of torch's
     float64 softmax of x * scale (log_softmax relative where its magnitude passes 1)."""
     M = 3 * rows + 1

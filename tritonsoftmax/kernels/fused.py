@@ -9,23 +9,19 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import constexprs, launches, sizing
+from .exp_domain import FMA_MAX, exp_arg, exp_scale, half_log2, output_of
 from .held_pieces import softmax_three_parts, softmax_two_parts
 from .kernel_family import Family
 from .row_ops import (
     DROP,
-    FMA_MAX,
     KEEP,
-    exp_arg,
-    exp_scale,
     grad_input,
     grad_term,
-    half_log2,
     held_row_lanes,
     load_f32,
     load_raw,
     load_scaled,
     load_scaled_rows,
-    output_of,
     ref_max,
     row_offsets,
     row_scale,
@@ -253,7 +249,7 @@ def _softmax_fused_fwd_kernel(
     WHOLE (constexprs.whole_rows): N == BLOCK_N on the plain paths (TAIL 0; one row with ALIGN 1, or several rows):
     no lane of a row is masked, so loads, stores and the max take no column mask (several rows: rows past M load 0
     and store nothing).
-    16-bit input and output work in the half-log2 domain (row_ops.half_log2): an instruction an element fewer.
+    16-bit input and output work in the half-log2 domain (exp_domain.half_log2): an instruction an element fewer.
     """
     pid = tl.program_id(0)
     B2: tl.constexpr = half_log2(x_ptr.dtype.element_ty, y_ptr.dtype.element_ty)

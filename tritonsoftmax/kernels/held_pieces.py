@@ -8,7 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .row_ops import FMA_MAX, exp_arg, exp_scale, load_raw, output_of, ref_max, scaled
+from .exp_domain import FMA_MAX, exp_arg, exp_scale, output_of
+from .row_ops import load_raw, ref_max, scaled
 
 
 @triton.jit
@@ -26,7 +27,7 @@ def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, sc
     half block and its TAIL): input at x_ptr + base + x_a and x_ptr + base + x_b (masked lanes -inf),
     output at y_ptr + base + y_a and y_ptr + base + y_b, the same lanes. FOLD (the second piece's length divides
     the first's): the first piece folded onto the second in registers (_folded), so the row's max and sum each
-    take one reduction across the program, not two. B2: in the half-log2 domain (row_ops.half_log2)."""
+    take one reduction across the program, not two. B2: in the half-log2 domain (exp_domain.half_log2)."""
     z_a = load_raw(x_ptr + base + x_a, mask_a)
     z_b = load_raw(x_ptr + base + x_b, mask_b)
     scale = exp_scale(scale, B2)
