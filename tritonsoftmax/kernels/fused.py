@@ -9,7 +9,7 @@ import triton.language as tl
 from ..config import LaunchConfig, next_power_of_2
 from ..device import DeviceInfo
 from . import constexprs, launches, sizing
-from .exp_domain import FMA_MAX, exp_arg, exp_scale, half_log2, output_of
+from .exp_domain import FMA_MAX, exp_of, exp_scale, half_log2, output_of
 from .held_pieces import softmax_three_parts, softmax_two_parts
 from .kernel_family import Family
 from .row_ops import (
@@ -95,8 +95,7 @@ def _fused_fwd_tile(
             x_row = x_ptr + row_offsets(tile, INNER, stride_x_outer, stride_x_inner)
             z = load_scaled(x_row + cols * stride_x_col, mask, exp_scale(scale, B2))
             m = ref_max(tl.max(z, axis=0))
-            d = exp_arg(z, m, tl.abs(m) < FMA_MAX, B2)
-            e = tl.exp2(d)
+            e = exp_of(z, m, tl.abs(m) < FMA_MAX, B2)
             s = tl.sum(e, axis=0)
             y_row = y_ptr + row_offsets(tile, INNER, stride_y_outer, stride_y_inner)
             tl.store(y_row + cols * stride_y_col,
@@ -131,8 +130,7 @@ def _fused_fwd_tile(
             mask = (rows < M)[:, None] & (cols < N)[None, :]
             z = load_scaled(x_ptr + x_off, mask, exp_scale(scale, B2))
         m = ref_max(tl.max(z, axis=1))[:, None]
-        d = exp_arg(z, m, tl.max(tl.abs(m)) < FMA_MAX, B2)
-        e = tl.exp2(d)
+        e = exp_of(z, m, tl.max(tl.abs(m)) < FMA_MAX, B2)
         s = tl.sum(e, axis=1)[:, None]
         y = output_of(z, m, e, s, LOG, ZERO_MASKED, B2)
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)
@@ -166,12 +164,10 @@ def _fused_fwd_tile(
             m = tl.maximum(m, tl.max(z_m, axis=1))
         m = ref_max(m)[:, None]
         fma_ok = tl.max(tl.abs(m)) < FMA_MAX
-        d, d_t = exp_arg(z, m, fma_ok, B2), exp_arg(z_t, m, fma_ok, B2)
-        e, e_t = tl.exp2(d), tl.exp2(d_t)
+        e, e_t = exp_of(z, m, fma_ok, B2), exp_of(z_t, m, fma_ok, B2)
         s = tl.sum(e, axis=1) + tl.sum(e_t, axis=1)
         if MID:
-            d_m = exp_arg(z_m, m, fma_ok, B2)
-            e_m = tl.exp2(d_m)
+            e_m = exp_of(z_m, m, fma_ok, B2)
             s += tl.sum(e_m, axis=1)
         s = s[:, None]
         y_off = _tile_offsets(rows, cols, INNER, stride_y_outer, stride_y_inner, stride_y_col, I32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .exp_domain import FMA_MAX, exp_arg, exp_scale, output_of
+from .exp_domain import FMA_MAX, exp_of, exp_scale, output_of
 from .row_ops import load_raw, ref_max, scaled
 
 
@@ -39,10 +39,8 @@ def softmax_two_parts(x_ptr, y_ptr, base, x_a, x_b, y_a, y_b, mask_a, mask_b, sc
     else:
         m = ref_max(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)))
     fma_ok = tl.abs(m) < FMA_MAX
-    d_a = exp_arg(z_a, m, fma_ok, B2)
-    d_b = exp_arg(z_b, m, fma_ok, B2)
-    e_a = tl.exp2(d_a)
-    e_b = tl.exp2(d_b)
+    e_a = exp_of(z_a, m, fma_ok, B2)
+    e_b = exp_of(z_b, m, fma_ok, B2)
     if FOLD:
         s = tl.sum(tl.sum(_folded(e_a, T), axis=0) + e_b, axis=0)
     else:
@@ -73,12 +71,9 @@ def softmax_three_parts(x_ptr, y_ptr, base, x_a, x_b, x_c, y_a, y_b, y_c, mask_a
     else:
         m = ref_max(tl.maximum(tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0)), tl.max(z_c, axis=0)))
     fma_ok = tl.abs(m) < FMA_MAX
-    d_a = exp_arg(z_a, m, fma_ok, B2)
-    d_b = exp_arg(z_b, m, fma_ok, B2)
-    d_c = exp_arg(z_c, m, fma_ok, B2)
-    e_a = tl.exp2(d_a)
-    e_b = tl.exp2(d_b)
-    e_c = tl.exp2(d_c)
+    e_a = exp_of(z_a, m, fma_ok, B2)
+    e_b = exp_of(z_b, m, fma_ok, B2)
+    e_c = exp_of(z_c, m, fma_ok, B2)
     if FOLD:
         s = tl.sum(tl.sum(_folded(e_a, T), axis=0) + tl.sum(_folded(e_b, T), axis=0) + e_c, axis=0)
     else:
